@@ -1,0 +1,489 @@
+"""Typed config sections, built from defaults, then a YAML recipe, then command-line flags.
+
+Each option is declared once in ``OPTIONS`` (flag, section, type, help, check); argparse, the YAML
+validator and the resolved-config writer are all built from that table, so a flag can't exist
+without a config key or the other way round. Only this module and ``distributed.py`` read the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fasttrain.errors import UserError
+
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # None: the built-in sample dataset
+    loader: str = "torchvision"
+    image_size: int = 224
+    workers: int | None = None  # None: one per CPU, at most 16
+    synthetic_steps: int = 0  # steps per epoch of the synthetic loader; 0: an ImageNet-sized epoch
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "resnet50"
+    num_classes: int | None = None  # None: the number of class folders in train/
+    channels_last: bool = True
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 0.1  # per 256 images; scaled linearly to the global batch
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    bn_weight_decay: bool = True
+    warmup_epochs: float = 0.0
+    lr_schedule: str = "step"
+    lr_step_epochs: int = 30
+    lr_gamma: float = 0.1
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 90
+    max_steps: int | None = None
+    batch_size: int = 256  # per process
+    accum_steps: int = 1
+    amp: str | None = None  # None: bf16 on a GPU, off on the CPU
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class RunConfig:
+    output_dir: str | None = None  # None: runs/<name or time>
+    name: str | None = None
+    resume: str | None = None
+    log_every: int = 50
+    eval_every: int = 1
+    ckpt_every_steps: int = 0
+    keep_checkpoints: int = 3
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, dict[str, Any]]) -> Config:
+        return cls(**{name: SECTIONS[name](**values) for name, values in d.items()})
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its flag, where it lives in the config, how to parse and check it."""
+
+    flag: str
+    key: str  # "section.field"
+    type: type  # int, float, str or bool
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    nullable: bool = False  # the value may be null (YAML) / "auto" style defaults
+    parse: Callable[[str], Any] | None = None  # custom parser for the flag's string
+
+
+def _int_or_none(s: str) -> int | None:
+    return None if s.lower() in ("none", "auto", "null") else int(s)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # data and model
+    Option(
+        "--data",
+        "data.path",
+        str,
+        "dataset root holding train/ and val/ class folders "
+        "(ImageFolder layout); omit it to use the built-in sample dataset",
+        nullable=True,
+    ),
+    Option(
+        "--loader",
+        "data.loader",
+        str,
+        "input pipeline: torchvision (ImageFolder, CPU decode, "
+        "uint8 to the GPU) or synthetic (fixed random tensors on the device, for benchmarks)",
+        choices=("torchvision", "synthetic"),
+    ),
+    Option(
+        "--image-size",
+        "data.image_size",
+        int,
+        "train crop size in pixels; val resizes the "
+        "shorter side to size/0.875 and center-crops this size",
+        minimum=16,
+    ),
+    Option(
+        "--workers",
+        "data.workers",
+        int,
+        "data loader worker processes per GPU (default: one per CPU core, at most 16)",
+        minimum=0,
+        nullable=True,
+        parse=_int_or_none,
+    ),
+    Option(
+        "--synthetic-steps",
+        "data.synthetic_steps",
+        int,
+        "steps per epoch with --loader "
+        "synthetic; 0 means an ImageNet-sized epoch (1,281,167 images)",
+        minimum=0,
+    ),
+    Option(
+        "--arch", "model.arch", str, "model architecture (torchvision, weights=None)", choices=ARCHS
+    ),
+    Option(
+        "--num-classes",
+        "model.num_classes",
+        int,
+        "output classes (default: the number of "
+        "class folders in train/, or 1000 for synthetic data)",
+        minimum=2,
+        nullable=True,
+        parse=_int_or_none,
+    ),
+    Option(
+        "--channels-last",
+        "model.channels_last",
+        bool,
+        "NHWC memory format for the model and inputs (faster convolutions on tensor cores)",
+    ),
+    # length
+    Option(
+        "--epochs",
+        "train.epochs",
+        int,
+        "number of epochs; the LR schedule spans them all",
+        minimum=1,
+    ),
+    Option(
+        "--max-steps",
+        "train.max_steps",
+        int,
+        "stop after this many optimizer steps (the LR "
+        "schedule still follows --epochs, so a stopped run can be resumed exactly)",
+        minimum=1,
+        nullable=True,
+        parse=_int_or_none,
+    ),
+    # batch and LR
+    Option(
+        "--batch-size",
+        "train.batch_size",
+        int,
+        "images per process per micro-step; "
+        "the global batch is batch-size x processes x accum-steps",
+        minimum=1,
+    ),
+    Option(
+        "--lr",
+        "optim.lr",
+        float,
+        "base learning rate per 256 images, scaled linearly to the global batch",
+        minimum=0,
+    ),
+    Option("--momentum", "optim.momentum", float, "SGD momentum", minimum=0),
+    Option("--weight-decay", "optim.weight_decay", float, "L2 weight decay", minimum=0),
+    Option(
+        "--bn-weight-decay",
+        "optim.bn_weight_decay",
+        bool,
+        "apply weight decay to BatchNorm weights and biases (--no-bn-weight-decay exempts them)",
+    ),
+    Option(
+        "--warmup-epochs",
+        "optim.warmup_epochs",
+        float,
+        "linear LR warmup from 0, in epochs (applied per step)",
+        minimum=0,
+    ),
+    Option(
+        "--lr-schedule",
+        "optim.lr_schedule",
+        str,
+        "LR decay after warmup, applied per step",
+        choices=("step", "cosine"),
+    ),
+    Option(
+        "--lr-step-epochs",
+        "optim.lr_step_epochs",
+        int,
+        "with --lr-schedule step: multiply the LR by --lr-gamma every this many epochs",
+        minimum=1,
+    ),
+    Option(
+        "--lr-gamma",
+        "optim.lr_gamma",
+        float,
+        "with --lr-schedule step: the decay factor",
+        minimum=0,
+    ),
+    # training
+    Option(
+        "--label-smoothing",
+        "optim.label_smoothing",
+        float,
+        "label smoothing for the cross-entropy loss",
+        minimum=0,
+    ),
+    Option(
+        "--accum-steps",
+        "train.accum_steps",
+        int,
+        "micro-batches accumulated per optimizer step (gradient accumulation)",
+        minimum=1,
+    ),
+    Option(
+        "--amp",
+        "train.amp",
+        str,
+        "mixed precision: bf16, fp16 (with a GradScaler) or off "
+        "(default: bf16 on a GPU, off on the CPU)",
+        choices=("bf16", "fp16", "off"),
+        nullable=True,
+    ),
+    Option(
+        "--compile", "train.compile", bool, "torch.compile the model for training and evaluation"
+    ),
+    Option("--device", "train.device", str, "device to train on", choices=("auto", "cuda", "cpu")),
+    Option("--seed", "train.seed", int, "seed for initialisation, shuffling and augmentation"),
+    # run control
+    Option(
+        "--output-dir",
+        "run.output_dir",
+        str,
+        "run directory for checkpoints, logs and TensorBoard (default: runs/<name or time>)",
+        nullable=True,
+    ),
+    Option("--name", "run.name", str, "run name, used for the default --output-dir", nullable=True),
+    Option(
+        "--resume",
+        "run.resume",
+        str,
+        "checkpoint to resume from, or 'auto' for the newest valid checkpoint in --output-dir",
+        nullable=True,
+    ),
+    Option(
+        "--log-every",
+        "run.log_every",
+        int,
+        "optimizer steps between metric flushes (the only host syncs of the steady state)",
+        minimum=1,
+    ),
+    Option(
+        "--eval-every", "run.eval_every", int, "epochs between evaluations (0: never)", minimum=0
+    ),
+    Option(
+        "--ckpt-every-steps",
+        "run.ckpt_every_steps",
+        int,
+        "also checkpoint every this many optimizer steps (0: only at the end of each epoch)",
+        minimum=0,
+    ),
+    Option(
+        "--keep-checkpoints",
+        "run.keep_checkpoints",
+        int,
+        "how many recent checkpoints to keep",
+        minimum=1,
+    ),
+)
+OPTION_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+def config_dir() -> Path:
+    """The built-in recipes: configs/ in a source checkout, else the installed package data."""
+    repo = Path(__file__).resolve().parent.parent / "configs"
+    if repo.is_dir():
+        return repo
+    from importlib.resources import files
+
+    return Path(str(files("fasttrain.configs")))
+
+
+def cache_dir() -> Path:
+    """Where the sample dataset and other generated files live: $FASTTRAIN_CACHE or ~/.cache."""
+    env = os.environ.get("FASTTRAIN_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fasttrain"
+
+
+def _check(opt: Option, value: Any, where: str) -> Any:
+    """Type-check and range-check one value; ``where`` names the flag or the YAML key and file."""
+    if value is None:
+        if opt.nullable:
+            return None
+        raise UserError(f"{where}: a value is required")
+    if opt.type is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: expected true or false, got {value!r}")
+    elif opt.type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where}: expected an integer, got {value!r}")
+    elif opt.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where}: expected a number, got {value!r}")
+        value = float(value)
+    elif not isinstance(value, str):
+        raise UserError(f"{where}: expected a string, got {value!r}")
+    if opt.choices is not None and value not in opt.choices:
+        raise UserError(
+            f"{where}: {value!r} is not allowed; choose one of {', '.join(opt.choices)}"
+        )
+    if opt.minimum is not None and value < opt.minimum:
+        raise UserError(f"{where} must be at least {opt.minimum:g} (got {value})")
+    return value
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a recipe: two levels, ``section: {key: value}``; unknown keys are errors."""
+    if not path.is_file():
+        raise UserError(f"--config {path}: file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        line = f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None) else ""
+        raise UserError(f"--config {path}: not valid YAML{line}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"--config {path}: expected sections ({', '.join(SECTIONS)}) at the top")
+    values: dict[str, Any] = {}
+    for section, body in raw.items():
+        if section not in SECTIONS:
+            raise UserError(f"{path}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
+        if not isinstance(body, dict):
+            raise UserError(f"{path}: section {section!r} must map keys to values")
+        allowed = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        for k, v in body.items():
+            key = f"{section}.{k}"
+            if key not in OPTION_BY_KEY:
+                raise UserError(
+                    f"{path}: unknown key {key!r}; allowed in {section}: {', '.join(allowed)}"
+                )
+            values[key] = _check(OPTION_BY_KEY[key], v, f"{path}: {key}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fasttrain",
+        description="Train an image classifier (ResNet-50 by default) on an ImageNet-style JPEG "
+        "folder, or on the built-in sample dataset when --data is not given. Flags override the "
+        "--config recipe, which overrides the defaults. Other commands: `python -m fasttrain env` "
+        "reports hardware and software.",
+        argument_default=argparse.SUPPRESS,  # only flags actually given override the recipe
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="YAML recipe (see configs/); flags override it. "
+        "Default with no --data: configs/sample.yaml on a GPU, configs/sample_cpu.yaml "
+        "on the CPU",
+    )
+    defaults = Config()
+    groups = {name: p.add_argument_group(f"{name} (YAML section '{name}')") for name in SECTIONS}
+    for opt in OPTIONS:
+        section, name = opt.key.split(".")
+        default = getattr(getattr(defaults, section), name)
+        # argument_default=SUPPRESS hides argparse's own defaults, so write them in here
+        help_text = opt.help + ("" if default is None else f" (default: {default})")
+        group = groups[section]
+        if opt.type is bool:
+            group.add_argument(
+                opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            metavar = None if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_")
+            group.add_argument(
+                opt.flag,
+                dest=opt.key,
+                metavar=metavar,
+                type=opt.parse or opt.type,
+                choices=opt.choices,
+                help=help_text,
+            )
+    return p
+
+
+def parse_args(argv: Sequence[str], cuda_available: bool) -> tuple[Config, list[str]]:
+    """Defaults <- recipe <- flags. Returns the config and notes to show the user once."""
+    parser = build_parser()
+    try:
+        ns = vars(parser.parse_args(list(argv)))
+    except SystemExit as e:  # argparse already printed a one-line usage error
+        raise SystemExit(2 if e.code else 0) from None
+    notes: list[str] = []
+    recipe: Path | None = ns.pop("config", None)
+    if recipe is None and ns.get("data.path") is None and ns.get("data.loader") != "synthetic":
+        recipe = config_dir() / ("sample.yaml" if cuda_available else "sample_cpu.yaml")
+        if not cuda_available:
+            notes.append(
+                f"no CUDA GPU found: training the CPU-sized sample run ({recipe.name}: "
+                "smaller images, fewer steps); pass --data and flags to change it"
+            )
+    values: dict[str, Any] = load_yaml(recipe) if recipe is not None else {}
+    for key, v in ns.items():
+        values[key] = _check(OPTION_BY_KEY[key], v, OPTION_BY_KEY[key].flag)
+    cfg = Config()
+    for key, v in values.items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, v)
+    return cfg, notes
+
+
+def resolve(cfg: Config, cuda_available: bool, cpu_count: int | None = None) -> Config:
+    """Fill the 'auto' values (device, AMP, workers, output dir) so the saved config is explicit."""
+    t = cfg.train
+    if t.device == "auto":
+        t.device = "cuda" if cuda_available else "cpu"
+    elif t.device == "cuda" and not cuda_available:
+        raise UserError("--device cuda: no CUDA GPU is visible; use --device cpu or auto")
+    if t.amp is None:
+        t.amp = "bf16" if t.device == "cuda" else "off"
+    if t.amp == "fp16" and t.device == "cpu":
+        raise UserError("--amp fp16 needs a CUDA GPU; use --amp bf16 or off on the CPU")
+    if cfg.data.workers is None:
+        cpus = cpu_count or len(os.sched_getaffinity(0))
+        cfg.data.workers = min(16, cpus)
+    if cfg.data.path is not None:
+        cfg.data.path = str(Path(cfg.data.path).expanduser())
+    r = cfg.run
+    if r.output_dir is None:
+        r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
+    return cfg
+
+
+def save_resolved(cfg: Config, path: Path) -> None:
+    """Write the resolved config; ``--config`` of this file reproduces the run."""
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,99 @@
+"""One loader contract for every backend.
+
+A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last (unless
+turned off) in the compute dtype, labels int64. It has ``__len__`` (batches per epoch),
+``set_epoch(epoch, start_batch)`` and ``state_dict()`` (the position a checkpoint records).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from fasttrain.config import DataConfig
+from fasttrain.distributed import DistState
+from fasttrain.errors import UserError
+
+
+class Loader(Protocol):
+    def __len__(self) -> int: ...
+    def __iter__(self): ...
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+    def state_dict(self) -> dict[str, int]: ...
+
+
+@dataclass
+class Data:
+    train: Loader
+    val: Loader | None  # None for synthetic data: there is nothing to evaluate
+    num_classes: int
+    description: str
+
+
+def build_data(
+    cfg: DataConfig,
+    *,
+    batch_size: int,
+    num_classes: int | None,
+    seed: int,
+    dist: DistState,
+    dtype: torch.dtype,
+    channels_last: bool,
+    global_batch: int,
+) -> Data:
+    if cfg.loader == "synthetic":
+        from fasttrain.data.synthetic import IMAGENET_TRAIN_IMAGES, SyntheticLoader
+
+        classes = num_classes or 1000
+        steps = cfg.synthetic_steps or IMAGENET_TRAIN_IMAGES // global_batch
+        train = SyntheticLoader(
+            batch_size=batch_size,
+            image_size=cfg.image_size,
+            num_classes=classes,
+            steps=steps,
+            device=dist.device,
+            dtype=dtype,
+            channels_last=channels_last,
+            seed=seed,
+        )
+        return Data(train, None, classes, f"synthetic ({steps} steps per epoch)")
+
+    from fasttrain.data.folder import scan_folder
+    from fasttrain.data.torchvision import build_torchvision_loader
+
+    assert cfg.path is not None, "resolve() fills data.path"
+    ds = scan_folder(cfg.path)
+    classes = len(ds.classes)
+    if num_classes is not None and num_classes < classes:
+        raise UserError(
+            f"--num-classes {num_classes}: {cfg.path}/train has {classes} class "
+            "folders; use at least that many or leave --num-classes out"
+        )
+    per_rank = len(ds.train) // dist.world_size
+    if per_rank < batch_size:
+        raise UserError(
+            f"--batch-size {batch_size}: {cfg.path}/train has only {len(ds.train)} "
+            f"images ({per_rank} per process), less than one batch; lower --batch-size"
+        )
+    common = dict(
+        image_size=cfg.image_size,
+        batch_size=batch_size,
+        workers=cfg.workers,
+        seed=seed,
+        rank=dist.rank,
+        world=dist.world_size,
+        device=dist.device,
+        dtype=dtype,
+        channels_last=channels_last,
+    )
+    train = build_torchvision_loader(ds.train, train=True, **common)
+    val = build_torchvision_loader(ds.val, train=False, **common)
+    return Data(
+        train,
+        val,
+        num_classes or classes,
+        f"{cfg.path}: {len(ds.train):,} train / {len(ds.val):,} val images, "
+        f"{classes} classes, torchvision loader with {cfg.workers} workers",
+    )

@@ -1,0 +1,103 @@
+"""`python -m fasttrain env`: the hardware and software a run depends on, in one report."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+
+import torch
+
+
+def _version(dist_name: str, module: str) -> str:
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return "not installed"
+    try:
+        if importlib.util.find_spec(module) is None:
+            return "not installed"
+    except ModuleNotFoundError:
+        return "not installed"
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "installed (version unknown)"
+
+
+def _dali_version() -> str:
+    for dist in ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110"):
+        try:
+            return f"{importlib.metadata.version(dist)} ({dist})"
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        import nvidia.dali as dali  # e.g. unpacked onto PYTHONPATH without package metadata
+
+        return dali.__version__
+    except ImportError:
+        return "not installed"
+
+
+def _topology() -> str:
+    """nvidia-smi's matrix where it exists; otherwise peer access as torch sees it."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.rstrip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    n = torch.cuda.device_count()
+    if n < 2:
+        return "single GPU" if n == 1 else "no GPUs"
+    rows = [
+        f"GPU{i}: peer access to "
+        + ", ".join(
+            f"GPU{j}={'yes' if torch.cuda.can_device_access_peer(i, j) else 'no'}"
+            for j in range(n)
+            if j != i
+        )
+        for i in range(n)
+    ]
+    return "\n".join(rows)
+
+
+def env_report() -> str:
+    lines = [
+        f"python       {platform.python_version()} ({platform.platform()})",
+        f"cpu cores    {len(os.sched_getaffinity(0))} usable of {os.cpu_count()}",
+        f"torch        {torch.__version__}",
+        f"torchvision  {_version('torchvision', 'torchvision')}",
+        f"CUDA         {torch.version.cuda or 'none (CPU build)'}",
+    ]
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "n/a"
+    lines.append(f"cuDNN        {cudnn}")
+    try:
+        nccl = (
+            ".".join(map(str, torch.cuda.nccl.version()))
+            if torch.cuda.is_available()
+            else "n/a (no GPU)"
+        )
+    except (AttributeError, RuntimeError):
+        nccl = "n/a"
+    lines.append(f"NCCL         {nccl}")
+    lines.append(f"triton       {_version('triton', 'triton')}")
+    lines.append(f"DALI         {_dali_version()}")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        lines.append(f"GPUs         {n}")
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            lines.append(
+                f"  GPU{i}       {p.name}, {p.total_memory / 2**30:.1f} GiB, "
+                f"sm_{p.major}{p.minor}, {p.multi_processor_count} SMs"
+            )
+        lines.append("topology")
+        lines.extend("  " + row for row in _topology().splitlines())
+    else:
+        lines.append("GPUs         none visible (torch.cuda.is_available() is False)")
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""Model construction: torchvision ResNets (no pretrained weights), channels_last, param groups."""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+from torch import nn
+
+
+def build_model(
+    arch: str, num_classes: int, channels_last: bool, device: torch.device
+) -> nn.Module:
+    """A freshly initialised torchvision model (weights=None: nothing is downloaded)."""
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def param_groups(model: nn.Module, weight_decay: float, bn_weight_decay: bool) -> list[dict]:
+    """Split parameters so BatchNorm weights and biases can be exempt from weight decay.
+
+    (Exempting them is the usual large-batch ImageNet recipe: decaying BN's scale fights the
+    normalisation rather than regularising.)
+    """
+    if bn_weight_decay:
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+    norm, other = [], []
+    for module in model.modules():
+        is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
+        for p in module.parameters(recurse=False):
+            (norm if is_norm else other).append(p)
+    return [{"params": other, "weight_decay": weight_decay}, {"params": norm, "weight_decay": 0.0}]

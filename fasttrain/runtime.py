@@ -1,0 +1,76 @@
+"""Process-wide setup for a run: the run directory, per-rank log files, seeds and backend flags."""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fasttrain.config import Config, save_resolved
+from fasttrain.distributed import DistState
+from fasttrain.errors import UserError
+
+log = logging.getLogger("fasttrain")
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console output that does not tear a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def prepare_run_dir(cfg: Config, dist: DistState) -> Path:
+    """Create and probe the output directory, start logging, and save the resolved config."""
+    out = Path(cfg.run.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{dist.rank}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"--output-dir {out}: cannot write there ({e.strerror}); choose a writable directory"
+        ) from None
+    setup_logging(out, dist)
+    if dist.is_main:
+        save_resolved(cfg, out / "config.yaml")
+    return out
+
+
+def setup_logging(out: Path, dist: DistState) -> None:
+    """Every rank logs to ``log-rank{N}.txt``; only the main process also prints."""
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    for h in list(log.handlers):  # a second run in the same process (tests) starts clean
+        h.close()
+        log.removeHandler(h)
+    fh = logging.FileHandler(out / f"log-rank{dist.rank}.txt")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(fh)
+    if dist.is_main:
+        ch = _TqdmHandler()
+        ch.setLevel(logging.INFO)
+        ch.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(ch)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def configure_backends(device: torch.device) -> None:
+    """Fast defaults on the GPU: cuDNN autotuning (fixed shapes) and TF32 for any fp32 matmul."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")

@@ -1,0 +1,274 @@
+"""The training loop: epochs of optimizer steps, with log, eval and checkpoint cadence.
+
+Everything else (data, model, step, metrics, checkpoints) is built by the modules named below; this
+file only says when each happens. The position in the run is the optimizer step: epoch and
+position inside the epoch are derived from it, which is what makes resume exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasttrain import checkpoint as ckpt
+from fasttrain.config import Config
+from fasttrain.data import build_data
+from fasttrain.distributed import DistState
+from fasttrain.errors import UserError
+from fasttrain.evaluate import Evaluator
+from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
+from fasttrain.model import build_model
+from fasttrain.optim import build_optimizer, build_schedule, set_lr
+from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
+from fasttrain.step import build_step
+
+log = logging.getLogger("fasttrain")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+
+
+class OutOfMemory(UserError):
+    exit_code = 1
+
+
+def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
+    """Train as ``cfg`` says; returns the run summary (also written to summary.json)."""
+    t_start = time.perf_counter() if t_start is None else t_start
+    t, r = cfg.train, cfg.run
+    run_dir = prepare_run_dir(cfg, dist)
+    configure_backends(dist.device)
+    seed_everything(t.seed)
+    amp_dtype = AMP_DTYPES[t.amp]
+    global_batch = t.batch_size * dist.world_size * t.accum_steps
+
+    # ---- build -------------------------------------------------------------------------------
+    data = build_data(
+        cfg.data,
+        batch_size=t.batch_size,
+        num_classes=cfg.model.num_classes,
+        seed=t.seed,
+        dist=dist,
+        dtype=amp_dtype or torch.float32,
+        channels_last=cfg.model.channels_last,
+        global_batch=global_batch,
+    )
+    steps_per_epoch = len(data.train) // t.accum_steps
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"--accum-steps {t.accum_steps}: an epoch has only {len(data.train)} "
+            "batches, fewer than one optimizer step; lower it or --batch-size"
+        )
+    model = build_model(cfg.model.arch, data.num_classes, cfg.model.channels_last, dist.device)
+    schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
+    optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0))
+    scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+    train_step = build_step(t.compile, model, optimizer, criterion, amp_dtype, scaler)
+    evaluator = (
+        Evaluator(model, amp_dtype, t.compile, t.batch_size)
+        if data.val is not None and r.eval_every > 0
+        else None
+    )
+
+    step = 0
+    if r.resume is not None:
+        step = _resume(cfg, model, optimizer, scaler)
+    total_steps = min(t.max_steps or math.inf, schedule.total_steps)
+    log.info(
+        "%s, %d classes, %.1fM params | %s",
+        cfg.model.arch,
+        data.num_classes,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        data.description,
+    )
+    log.info(
+        "device %s, amp %s, compile %s | global batch %d (%d per process x %d process(es) "
+        "x %d accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
+        dist.device,
+        t.amp,
+        t.compile,
+        global_batch,
+        t.batch_size,
+        dist.world_size,
+        t.accum_steps,
+        schedule.peak_lr,
+        steps_per_epoch,
+        total_steps,
+        step,
+    )
+
+    # ---- loop --------------------------------------------------------------------------------
+    metrics = Metrics(
+        run_dir,
+        is_main=dist.is_main,
+        total_steps=int(total_steps),
+        start_step=step,
+        world_size=dist.world_size,
+        device=dist.device,
+        global_batch=global_batch,
+    )
+    meter = DeviceMeter(dist.device)
+    summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}
+    last_eval: dict[str, float] | None = None
+    eval_step = saved_step = -1
+    first_step = True
+
+    def save(step: int) -> None:
+        nonlocal saved_step
+        if dist.is_main and saved_step != step:
+            _save(
+                run_dir,
+                r.keep_checkpoints,
+                cfg,
+                model,
+                optimizer,
+                scaler,
+                step,
+                steps_per_epoch,
+                t.accum_steps,
+            )
+        saved_step = step
+        metrics.restart_interval()
+
+    def evaluate(step: int, epoch: int) -> None:
+        nonlocal last_eval, eval_step
+        last_eval, eval_step = evaluator(data.val), step
+        metrics.log_eval(step, epoch, last_eval)
+        metrics.restart_interval()
+
+    try:
+        while step < total_steps:
+            epoch, in_epoch = divmod(step, steps_per_epoch)
+            data.train.set_epoch(epoch, in_epoch * t.accum_steps)
+            batches_iter = iter(data.train)
+            for _ in range(in_epoch, steps_per_epoch):
+                t_wait = time.perf_counter()
+                batches = [next(batches_iter) for _ in range(t.accum_steps)]
+                data_wait = time.perf_counter() - t_wait
+                lr = schedule.lr_at(step)
+                set_lr(optimizer, lr)
+                train_step(batches, meter)
+                step += 1
+                metrics.step_done(global_batch, data_wait)
+                if first_step:  # a one-off sync, to report start-up cost; not the steady state
+                    first_step = False
+                    _sync(dist.device)
+                    summary["time_to_first_step_s"] = time.perf_counter() - t_start
+                    log.info(
+                        "first step done %.1f s after start (includes any compile)",
+                        summary["time_to_first_step_s"],
+                    )
+                    metrics.restart_interval()
+                if step % r.log_every == 0:
+                    metrics.log_train(step, epoch, meter, lr)
+                if r.ckpt_every_steps and step % r.ckpt_every_steps == 0:
+                    save(step)
+                if step >= total_steps:
+                    break
+            if meter.samples:
+                metrics.log_train(step, epoch, meter, lr)
+            if step % steps_per_epoch == 0:  # the epoch is complete
+                if evaluator is not None and (epoch + 1) % r.eval_every == 0:
+                    evaluate(step, epoch)
+                save(step)
+        if evaluator is not None and eval_step != step:
+            evaluate(step, step // steps_per_epoch)
+        save(step)
+    except torch.cuda.OutOfMemoryError:
+        raise OutOfMemory(
+            f"out of GPU memory at --batch-size {t.batch_size} ({cfg.model.arch}, "
+            f"{cfg.data.image_size} px, amp {t.amp}): lower --batch-size, and raise --accum-steps "
+            "to keep the same global batch"
+        ) from None
+    finally:
+        metrics.close()
+
+    summary.update(
+        {
+            "steps": step,
+            "img_per_s": metrics.steady_rate(),
+            "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / dist.world_size,
+            "peak_mem_gib": peak_memory_gib(dist.device),
+            "wall_s": time.perf_counter() - t_start,
+            "val": last_eval,
+        }
+    )
+    if dist.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        rate = summary["img_per_s"]
+        log.info(
+            "done: %d steps in %.0f s | steady %s img/s | first step after %.1f s | peak "
+            "memory %.2f GiB%s | %s",
+            step,
+            summary["wall_s"],
+            f"{rate:,.0f}" if rate else "n/a (too few log intervals)",
+            summary.get("time_to_first_step_s", float("nan")),
+            summary["peak_mem_gib"],
+            f" | val top1 {last_eval['top1']:.2f}%" if last_eval else "",
+            run_dir,
+        )
+    return summary
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _save(run_dir, keep, cfg, model, optimizer, scaler, step, steps_per_epoch, accum) -> None:
+    epoch, in_epoch = divmod(step, steps_per_epoch)
+    state = {
+        "model": model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "step": step,
+        "epoch": epoch,
+        "loader": {"epoch": epoch, "start_batch": in_epoch * accum},
+        "rng": ckpt.rng_state(),
+        "config": cfg.to_dict(),
+    }
+    path = ckpt.save_checkpoint(state, run_dir, step, keep)
+    log.debug("saved %s", path)
+
+
+def _resume(cfg: Config, model, optimizer, scaler) -> int:
+    """Load model, optimizer, scaler and RNG states; return the step to continue from."""
+    if cfg.run.resume == "auto":
+        found = ckpt.latest_valid(cfg.run.output_dir)
+        if found is None:
+            log.info(
+                "--resume auto: no checkpoint in %s yet; starting from scratch", cfg.run.output_dir
+            )
+            return 0
+        path, state = found
+    else:
+        path, state = cfg.run.resume, ckpt.load_checkpoint(cfg.run.resume)
+    _warn_config_changes(state["config"], cfg.to_dict())
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    ckpt.set_rng_state(state["rng"])
+    log.info("resumed from %s at step %d (epoch %d)", path, state["step"], state["epoch"])
+    return int(state["step"])
+
+
+def _warn_config_changes(old: dict, new: dict) -> None:
+    """A resume with other training settings is allowed, but not silently."""
+    ignore = {"run", "data.workers", "train.max_steps"}
+    changed = [
+        f"{s}.{k}: {v!r} -> {new[s][k]!r}"
+        for s, body in old.items()
+        if s not in ignore
+        for k, v in body.items()
+        if f"{s}.{k}" not in ignore and new[s].get(k) != v
+    ]
+    if changed:
+        log.warning(
+            "resuming with settings that differ from the checkpoint's: %s", "; ".join(changed)
+        )

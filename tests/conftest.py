@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny sample dataset built once per session, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttrain.__main__ import main
+from fasttrain.data.sample import SampleSpec, build_sample
+
+TINY = SampleSpec(classes=4, train_per_class=48, val_per_class=25, min_side=64, max_side=80)
+# flags for a fast CPU run: small model, small images, one worker
+FAST = [
+    "--arch",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "16",
+    "--workers",
+    "1",
+    "--device",
+    "cpu",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging():
+    """A run installs its own handlers on the 'fasttrain' logger; give the next test a clean one."""
+    yield
+    log = logging.getLogger("fasttrain")
+    for h in list(log.handlers):
+        h.close()
+        log.removeHandler(h)
+    log.propagate = True
+    log.setLevel(logging.NOTSET)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    return build_sample(tmp_path_factory.mktemp("cache"), TINY, workers=2, log=lambda m: None)
+
+
+class Run:
+    """Runs ``python -m fasttrain`` in this process; returns the exit code, reads the run dir."""
+
+    def __init__(self, capsys):
+        self.capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str]:
+        self.capsys.readouterr()
+        code = main([str(a) for a in argv])
+        return code, self.capsys.readouterr().err
+
+    @staticmethod
+    def records(run_dir: Path, kind: str) -> list[dict]:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+@pytest.fixture
+def run(capsys) -> Run:
+    return Run(capsys)

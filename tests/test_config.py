@@ -1,0 +1,189 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fasttrain.config import (
+    OPTIONS,
+    SECTIONS,
+    Config,
+    build_parser,
+    config_dir,
+    load_yaml,
+    parse_args,
+    resolve,
+    save_resolved,
+)
+from fasttrain.errors import UserError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "recipe.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_with_data_match_the_dataclasses():
+    cfg, notes = parse_args(["--data", "/d"], cuda_available=True)
+    expected = Config()
+    expected.data.path = "/d"
+    assert cfg == expected
+    assert notes == []
+
+
+def test_flags_override_the_recipe_which_overrides_defaults(tmp_path):
+    recipe = write(tmp_path, "train:\n  batch_size: 64\n  epochs: 3\noptim:\n  lr: 0.5\n")
+    cfg, _ = parse_args(
+        [
+            "--config",
+            str(recipe),
+            "--data",
+            "/d",
+            "--batch-size",
+            "32",
+            "--no-channels-last",
+            "--amp",
+            "fp16",
+        ],
+        cuda_available=True,
+    )
+    assert cfg.train.batch_size == 32  # flag beats recipe
+    assert cfg.train.epochs == 3  # recipe beats default
+    assert cfg.optim.lr == 0.5
+    assert cfg.optim.momentum == 0.9  # default
+    assert cfg.model.channels_last is False
+    assert cfg.train.amp == "fp16"
+
+
+def test_every_option_maps_to_a_field_and_back():
+    keys = {o.key for o in OPTIONS}
+    fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert keys == fields
+    assert len({o.flag for o in OPTIONS}) == len(OPTIONS)
+
+
+def test_help_documents_every_flag_named_as_the_references_do():
+    text = build_parser().format_help()
+    for opt in OPTIONS:
+        assert opt.flag in text
+    for flag in [
+        "--config",
+        "--data",
+        "--arch",
+        "--num-classes",
+        "--image-size",
+        "--loader",
+        "--workers",
+        "--epochs",
+        "--max-steps",
+        "--batch-size",
+        "--lr",
+        "--momentum",
+        "--weight-decay",
+        "--no-bn-weight-decay",
+        "--warmup-epochs",
+        "--lr-schedule",
+        "--lr-step-epochs",
+        "--label-smoothing",
+        "--accum-steps",
+        "--amp",
+        "--channels-last",
+        "--no-channels-last",
+        "--compile",
+        "--output-dir",
+        "--resume",
+        "--seed",
+        "--log-every",
+        "--eval-every",
+        "--ckpt-every-steps",
+    ]:
+        assert flag in text, flag
+    assert "--cuda-graphs" not in text  # not built yet: no flag that would be ignored
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("trian:\n  epochs: 1\n", "unknown section 'trian'"),
+        ("train:\n  epoch: 1\n", "unknown key 'train.epoch'"),
+        ("train:\n  batch_size: big\n", "train.batch_size: expected an integer"),
+        ("train:\n  batch_size: 0\n", "train.batch_size must be at least 1"),
+        ("optim:\n  lr_schedule: linear\n", "'linear' is not allowed; choose one of step, cosine"),
+        ("model:\n  channels_last: 3\n", "model.channels_last: expected true or false"),
+        ("train: 5\n", "section 'train' must map keys to values"),
+        ("- a\n- b\n", "expected sections"),
+        ("train: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_recipe_names_the_key_and_what_is_allowed(tmp_path, text, message):
+    recipe = write(tmp_path, text)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
+        parse_args(["--config", str(recipe), "--data", "/d"], cuda_available=False)
+    assert "\n" not in str(e.value)
+    assert str(recipe) in str(e.value) or "not valid YAML" in str(e.value)
+
+
+def test_unknown_key_lists_the_allowed_keys(tmp_path):
+    recipe = write(tmp_path, "train:\n  epoch: 1\n")
+    with pytest.raises(UserError, match="allowed in train: epochs, max_steps"):
+        load_yaml(recipe)
+
+
+def test_bad_flag_values_exit_2(capsys):
+    for argv in (["--batch-size", "0"], ["--lr-schedule", "linear"], ["--epochs", "x"]):
+        if argv[0] == "--batch-size":
+            with pytest.raises(UserError, match="--batch-size must be at least 1"):
+                parse_args(["--data", "/d", *argv], cuda_available=False)
+        else:
+            with pytest.raises(SystemExit) as e:
+                parse_args(["--data", "/d", *argv], cuda_available=False)
+            assert e.value.code == 2
+
+
+def test_no_data_picks_the_sample_recipe_for_the_hardware():
+    gpu, notes = parse_args([], cuda_available=True)
+    assert notes == []
+    assert gpu.train.epochs == 8 and gpu.data.image_size == 224
+    cpu, notes = parse_args([], cuda_available=False)
+    assert cpu.data.image_size == 64 and cpu.train.max_steps == 60
+    assert "no CUDA GPU found" in notes[0]
+    assert cpu.data.path is None  # the sample dataset is built by __main__
+
+
+def test_resolve_fills_auto_values_for_the_device():
+    cfg = resolve(
+        parse_args(["--data", "/d"], cuda_available=False)[0], cuda_available=False, cpu_count=2
+    )
+    assert cfg.train.device == "cpu" and cfg.train.amp == "off" and cfg.data.workers == 2
+    assert cfg.run.output_dir.startswith("runs/")
+    cfg = resolve(
+        parse_args(["--data", "/d", "--name", "x"], cuda_available=True)[0],
+        cuda_available=True,
+        cpu_count=64,
+    )
+    assert cfg.train.device == "cuda" and cfg.train.amp == "bf16" and cfg.data.workers == 16
+    assert cfg.run.output_dir == "runs/x"
+    with pytest.raises(UserError, match="--amp fp16 needs a CUDA GPU"):
+        resolve(parse_args(["--data", "/d", "--amp", "fp16"], cuda_available=False)[0], False)
+    with pytest.raises(UserError, match="--device cuda: no CUDA GPU"):
+        resolve(parse_args(["--data", "/d", "--device", "cuda"], cuda_available=False)[0], False)
+
+
+def test_resolved_config_round_trips_through_config(tmp_path):
+    cfg = resolve(parse_args(["--data", "/d", "--lr", "0.3", "--max-steps", "7"], False)[0], False)
+    save_resolved(cfg, tmp_path / "config.yaml")
+    again, _ = parse_args(["--config", str(tmp_path / "config.yaml")], cuda_available=False)
+    assert again == cfg
+
+
+def test_shipped_recipes_are_valid():
+    names = sorted(p.name for p in config_dir().glob("*.yaml"))
+    assert names == ["resnet50_imagenet.yaml", "sample.yaml", "sample_cpu.yaml"]
+    for name in names:
+        values = load_yaml(config_dir() / name)
+        assert values
+    imagenet = yaml.safe_load((config_dir() / "resnet50_imagenet.yaml").read_text())
+    assert imagenet["train"]["batch_size"] == 256 and imagenet["train"]["epochs"] == 90
+    assert imagenet["optim"]["lr"] == 0.1 and imagenet["optim"]["warmup_epochs"] == 5
+    assert imagenet["optim"]["label_smoothing"] == 0.1

@@ -1,0 +1,172 @@
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision.transforms.functional as F
+from PIL import Image
+
+from fasttrain.data.folder import scan_folder
+from fasttrain.data.synthetic import SyntheticLoader
+from fasttrain.data.torchvision import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageFolderDataset,
+    TrainSampler,
+    ValSampler,
+    build_torchvision_loader,
+)
+from fasttrain.errors import UserError
+
+
+def test_train_sampler_shards_are_disjoint_equal_and_batch_aligned():
+    shards = [list(TrainSampler(103, r, 2, seed=0, batch_size=8)) for r in range(2)]
+    idx = [[i for i, _ in s] for s in shards]
+    assert len(idx[0]) == len(idx[1]) == 48  # 51 per rank -> 6 full batches
+    assert not set(idx[0]) & set(idx[1])
+    assert all(epoch == 0 for _, epoch in shards[0])
+
+
+def test_train_sampler_reshuffles_per_epoch_and_resumes_mid_epoch():
+    s = TrainSampler(64, 0, 1, seed=3, batch_size=4)
+    s.set_position(1, 0)
+    full = list(s)
+    s.set_position(1, 5)
+    assert list(s) == full[20:]
+    assert len(s) == len(full) - 20
+    s.set_position(2, 0)
+    assert [i for i, _ in s] != [i for i, _ in full]
+
+
+def test_val_sampler_covers_every_image_exactly_once_across_ranks():
+    seen = [i for r in range(3) for i, _ in ValSampler(10, r, 3)]
+    assert sorted(seen) == list(range(10))
+
+
+def test_augmentation_is_keyed_on_seed_epoch_and_index(tiny_data):
+    ds = ImageFolderDataset(scan_folder(tiny_data).train, train=True, image_size=32, seed=1)
+    a, la, _ = ds[(5, 0)]
+    b, lb, _ = ds[(5, 0)]
+    c, _, _ = ds[(5, 1)]
+    assert torch.equal(a, b) and la == lb
+    assert not torch.equal(a, c)
+    assert a.shape == (3, 32, 32) and a.dtype == torch.uint8
+
+
+def test_val_transform_is_resize_then_center_crop(tiny_data):
+    samples = scan_folder(tiny_data).val
+    ds = ImageFolderDataset(samples, train=False, image_size=32, seed=0)
+    x, label, bad = ds[(0, 0)]
+    with Image.open(samples[0][0]) as im:
+        ref = F.pil_to_tensor(F.center_crop(F.resize(im.convert("RGB"), 37, antialias=True), 32))
+    assert torch.equal(x, ref) and label == samples[0][1] and bad == ""
+
+
+@pytest.fixture
+def data_with_bad_files(tmp_path, tiny_data):
+    root = tmp_path / "d"
+    shutil.copytree(tiny_data, root)
+    ds = scan_folder(root)
+    bad_train = ds.train[3][0]
+    bad_val = ds.val[2][0]
+    Path(bad_train).write_bytes(b"\xff\xd8\xff not a jpeg")  # corrupt
+    Path(bad_val).write_bytes(b"")  # zero bytes
+    return root, bad_train, bad_val
+
+
+def test_bad_train_image_is_replaced_without_shifting_labels(data_with_bad_files):
+    root, bad_train, _ = data_with_bad_files
+    samples = scan_folder(root).train
+    ds = ImageFolderDataset(samples, train=True, image_size=32, seed=0)
+    x, label, bad = ds[(3, 0)]
+    assert bad == bad_train
+    substitute = (3 + 7919) % len(samples)
+    assert label == samples[substitute][1]  # the label of the image actually returned
+    ref, ref_label, _ = ds[(substitute, 0)]
+    assert ref_label == label and x.shape == ref.shape
+
+
+def test_bad_val_image_is_masked_and_counted(data_with_bad_files):
+    root, _, bad_val = data_with_bad_files
+    ds = ImageFolderDataset(scan_folder(root).val, train=False, image_size=32, seed=0)
+    _, label, bad = ds[(2, 0)]
+    assert label == -1 and bad == bad_val
+
+
+def test_device_loader_normalises_on_the_device_and_warns_once(data_with_bad_files, caplog):
+    root, bad_train, _ = data_with_bad_files
+    samples = scan_folder(root).train
+    loader = build_torchvision_loader(
+        samples,
+        train=True,
+        image_size=32,
+        batch_size=8,
+        workers=0,
+        seed=0,
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        channels_last=True,
+    )
+    assert len(loader) == len(samples) // 8
+    loader.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    x, y = batches[0]
+    assert x.shape == (8, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
+    assert y.dtype == torch.int64
+    # the same samples through the plain torchvision Normalize give the same tensor
+    ds = loader.loader.dataset
+    keys = list(loader.sampler)[:8]
+    raw = torch.stack([ds[k][0] for k in keys]).float() / 255
+    ref = F.normalize(raw, IMAGENET_MEAN, IMAGENET_STD)
+    torch.testing.assert_close(x, ref, rtol=1e-5, atol=1e-5)
+    assert loader.bad_files == {bad_train}
+    assert sum("undecodable" in r.message for r in caplog.records) == 1
+
+
+def test_synthetic_loader_has_fixed_tensors_and_resumes():
+    loader = SyntheticLoader(
+        batch_size=4,
+        image_size=16,
+        num_classes=10,
+        steps=5,
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        channels_last=True,
+        seed=0,
+    )
+    loader.set_epoch(0, 3)
+    batches = list(loader)
+    assert len(batches) == 2 and len(loader) == 5
+    x, y = batches[0]
+    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    assert batches[1][0].data_ptr() == x.data_ptr()
+    assert int(y.max()) < 10
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        (None, "no such directory"),
+        ([], "the directory is empty"),
+        (["val/a/x.jpg"], "no train/ folder"),
+        (["train/a/x.jpg"], "no val/ folder"),
+        (
+            ["train/a/x.jpg", "train/b/readme.txt", "val/a/y.jpg"],
+            "class folder .*train/b holds no images",
+        ),
+        (["train/a/x.jpg", "val/c/y.jpg"], "class folders not in train/: c"),
+    ],
+)
+def test_bad_dataset_layouts_are_one_line_errors(tmp_path, layout, message):
+    root = tmp_path / "data"
+    if layout is not None:
+        root.mkdir()
+        for rel in layout:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(b"x")
+    with pytest.raises(UserError, match=message) as e:
+        scan_folder(root)
+    assert str(e.value).startswith("--data") and "\n" not in str(e.value)

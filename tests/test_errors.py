@@ -1,0 +1,174 @@
+"""Every bad input of the foundation issue: one line naming the file or flag, exit code 2."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fasttrain.__main__ import main
+from fasttrain.step import EagerStep
+from tests.conftest import FAST
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("fasttrain: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def make_tree(root, files):
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+
+
+@pytest.mark.parametrize(
+    "files, flag_text",
+    [
+        (None, "--data {d}: no such directory"),
+        ([], "--data {d}: the directory is empty"),
+        (["val/a/x.jpg"], "--data {d}: no train/ folder"),
+        (["train/a/x.jpg"], "--data {d}: no val/ folder"),
+        (
+            ["train/a/x.jpg", "train/b/notes.txt", "val/a/x.jpg"],
+            "class folder {d}/train/b holds no",
+        ),
+    ],
+)
+def test_bad_data_folders(run, tmp_path, files, flag_text):
+    d = tmp_path / "data"
+    if files is not None:
+        d.mkdir()
+        make_tree(d, files)
+    code, err = run("--data", d, *FAST, "--output-dir", tmp_path / "out")
+    assert code == 2
+    assert flag_text.format(d=d) in one_line_error(err)
+
+
+def test_bad_config_key_and_value(run, tiny_data, tmp_path):
+    for text, expected in [
+        ("train:\n  batchsize: 3\n", "unknown key 'train.batchsize'"),
+        ("optim:\n  lr: fast\n", "optim.lr: expected a number"),
+    ]:
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(text)
+        code, err = run("--config", recipe, "--data", tiny_data)
+        assert code == 2
+        line = one_line_error(err)
+        assert expected in line and str(recipe) in line
+
+
+def test_missing_config_file(run, tmp_path):
+    code, err = run("--config", tmp_path / "nope.yaml")
+    assert code == 2 and "--config" in one_line_error(err) and "not found" in err
+
+
+def test_batch_size_below_one(run, tiny_data):
+    code, err = run("--data", tiny_data, "--batch-size", "0")
+    assert code == 2 and "--batch-size must be at least 1 (got 0)" in one_line_error(err)
+
+
+def test_batch_larger_than_the_dataset(run, tiny_data, tmp_path):
+    code, err = run(
+        "--data",
+        tiny_data,
+        *FAST[:-6],
+        "--batch-size",
+        "1000",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "o",
+    )
+    assert code == 2 and "--batch-size 1000" in one_line_error(err)
+
+
+def test_unknown_flag_and_bad_choice_exit_2(run, tiny_data):
+    for argv in (["--bogus"], ["--arch", "vgg16"], ["--amp", "fp8"]):
+        with pytest.raises(SystemExit) as e:
+            run("--data", tiny_data, *argv)
+        assert e.value.code == 2
+
+
+def test_resume_missing_or_corrupt(run, tiny_data, tmp_path):
+    missing = tmp_path / "missing.pt"
+    code, err = run("--data", tiny_data, *FAST, "--output-dir", tmp_path / "o", "--resume", missing)
+    assert code == 2 and f"--resume {missing}: no such checkpoint file" in one_line_error(err)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 definitely not a whole zip")
+    code, err = run("--data", tiny_data, *FAST, "--output-dir", tmp_path / "o", "--resume", corrupt)
+    assert code == 2 and f"--resume {corrupt}: the checkpoint is corrupt" in one_line_error(err)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    code, err = run("--data", tiny_data, *FAST, "--output-dir", tmp_path / "o", "--resume", foreign)
+    assert code == 2 and "not a fasttrain checkpoint" in one_line_error(err)
+
+
+def test_unwritable_output_dir(run, tiny_data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the run directory should go")
+    code, err = run("--data", tiny_data, *FAST, "--output-dir", blocker / "run")
+    assert code == 2 and f"--output-dir {blocker / 'run'}: cannot write there" in one_line_error(
+        err
+    )
+
+
+def test_multi_process_launch_is_refused_not_ignored(run, tiny_data, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, err = run("--data", tiny_data, *FAST)
+    assert code == 2 and "WORLD_SIZE=2" in one_line_error(err)
+
+
+def test_out_of_memory_names_the_batch_and_what_to_do(run, tiny_data, tmp_path, monkeypatch):
+    def oom(self, batches, meter):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(EagerStep, "__call__", oom)
+    code, err = run("--data", tiny_data, *FAST, "--output-dir", tmp_path / "o")
+    assert code == 1
+    line = one_line_error(err)
+    assert "out of GPU memory at --batch-size 16" in line and "--accum-steps" in line
+
+
+def test_corrupt_images_do_not_stop_a_run(run, tiny_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    bad = [
+        next((data / "train" / "class_001").iterdir()),
+        next((data / "val" / "class_002").iterdir()),
+    ]
+    bad[0].write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    bad[1].write_bytes(b"")
+    out = tmp_path / "out"
+    code, err = run("--data", data, *FAST, "--epochs", "1", "--output-dir", out)
+    assert code == 0, err
+    log = (out / "log-rank0.txt").read_text()
+    assert str(bad[0]) in log and str(bad[1]) in log and "undecodable" in log
+    assert run.records(out, "val")[-1]["images"] == 99  # one val image skipped, none counted twice
+
+
+def test_cli_process_prints_no_traceback(tmp_path):
+    """The real entry point, in a fresh interpreter: exit code 2, one line, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fasttrain", "--data", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"fasttrain: error: --data {tmp_path / 'none'}: no such directory; point it at a folder "
+        "with train/ and val/ inside, or leave --data out to use the built-in sample dataset"
+    ]
+
+
+def test_env_report(capsys):
+    code = main(["env"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for field in ("torch", "CUDA", "cuDNN", "NCCL", "triton", "DALI", "GPUs"):
+        assert field in out
+    assert torch.__version__ in out

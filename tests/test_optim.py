@@ -1,0 +1,61 @@
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fasttrain.config import OptimConfig
+from fasttrain.model import build_model, param_groups
+from fasttrain.optim import build_schedule
+
+
+def schedule(**kw):
+    cfg = OptimConfig(**{"lr": 0.1, "warmup_epochs": 2, **kw})
+    return build_schedule(cfg, global_batch=1024, steps_per_epoch=10, epochs=90)
+
+
+def test_lr_scales_linearly_with_the_global_batch():
+    assert schedule(warmup_epochs=0).peak_lr == pytest.approx(0.4)
+
+
+def test_linear_warmup_per_step():
+    s = schedule()
+    assert [s.lr_at(i) for i in (0, 9, 19)] == pytest.approx([0.02, 0.2, 0.4])
+
+
+def test_step_decay_every_n_epochs():
+    s = schedule(lr_schedule="step", lr_step_epochs=30, lr_gamma=0.1)
+    assert s.lr_at(299) == pytest.approx(0.4)
+    assert s.lr_at(300) == pytest.approx(0.04)
+    assert s.lr_at(600) == pytest.approx(0.004)
+
+
+def test_cosine_decays_to_zero_over_all_epochs():
+    s = schedule(lr_schedule="cosine")
+    assert s.lr_at(20) == pytest.approx(0.4)
+    mid = 20 + (900 - 20) // 2
+    assert s.lr_at(mid) == pytest.approx(0.2, rel=1e-2)
+    assert s.lr_at(899) < 1e-5 and s.lr_at(899) >= 0
+    lrs = [s.lr_at(i) for i in range(20, 900)]
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
+    assert not any(math.isnan(x) for x in lrs)
+
+
+def test_bn_parameters_can_be_exempt_from_weight_decay():
+    model = build_model("resnet18", 10, channels_last=False, device=torch.device("cpu"))
+    groups = param_groups(model, 1e-4, bn_weight_decay=False)
+    decayed, exempt = groups
+    bn_params = {
+        id(p) for m in model.modules() if isinstance(m, nn.BatchNorm2d) for p in m.parameters()
+    }
+    assert {id(p) for p in exempt["params"]} == bn_params and exempt["weight_decay"] == 0.0
+    assert decayed["weight_decay"] == 1e-4
+    assert len(decayed["params"]) + len(exempt["params"]) == len(list(model.parameters()))
+    single = param_groups(model, 1e-4, bn_weight_decay=True)
+    assert len(single) == 1 and len(single[0]["params"]) == len(list(model.parameters()))
+
+
+def test_channels_last_model():
+    model = build_model("resnet18", 10, channels_last=True, device=torch.device("cpu"))
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
