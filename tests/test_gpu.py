@@ -16,15 +16,6 @@ from fasttrain.step import build_step
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def sync_errors():
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-
-
 @pytest.mark.parametrize("compile", [False, True])
 def test_steady_state_steps_do_not_sync(compile):
     device = torch.device("cuda")
@@ -62,7 +53,7 @@ def test_steady_state_steps_do_not_sync(compile):
     assert n == 23 * 32 and loss == loss and 0 <= top1 <= 100
 
 
-def test_torchvision_loader_copies_without_syncing(tiny_data, sync_errors):
+def test_torchvision_loader_copies_without_syncing(tiny_data):
     samples = scan_folder(tiny_data).train
     loader = build_torchvision_loader(
         samples,
@@ -79,8 +70,13 @@ def test_torchvision_loader_copies_without_syncing(tiny_data, sync_errors):
     )
     loader.set_epoch(0)
     n = 0
-    for x, y in loader:
-        assert x.is_cuda and x.dtype == torch.bfloat16 and y.dtype == torch.int64
-        assert x.is_contiguous(memory_format=torch.channels_last)
-        n += 1
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # after construction: only iteration is steady state
+    try:
+        for x, y in loader:
+            assert x.is_cuda and x.dtype == torch.bfloat16 and y.dtype == torch.int64
+            assert x.is_contiguous(memory_format=torch.channels_last)
+            n += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     assert n == len(loader)

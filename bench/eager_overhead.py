@@ -1,0 +1,98 @@
+"""Side by side on one GPU, in one process: a plain eager ResNet-50 loop vs the same loop with each
+of fasttrain's per-step extras added, to account for any gap to the baseline in
+../shared/device/README.md (4,704 img/s eager, bf16, channels_last, batch 256).
+
+Each variant: 30 warm-up steps, then the median of 6 blocks of 25 steps (CUDA events).
+Usage on the GPU machine: python bench/eager_overhead.py
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torchvision
+from torch import nn
+
+from fasttrain.config import OptimConfig
+from fasttrain.metrics import DeviceMeter
+from fasttrain.optim import build_optimizer, set_lr
+from fasttrain.step import EagerStep
+
+BATCH, WARMUP, BLOCK, BLOCKS = 256, 30, 25, 6
+
+
+def timed(step_fn) -> float:
+    """img/s from the median of BLOCKS blocks of BLOCK steps, each block between two CUDA events.
+
+    Blocks, not single steps: a sync after every step would stop the host from running ahead,
+    which the trainer never does, and would expose launch latency the trainer hides.
+    """
+    for _ in range(WARMUP):
+        step_fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(BLOCKS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(BLOCK):
+            step_fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / BLOCK)
+    return BATCH / statistics.median(times)
+
+
+def main() -> None:
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    x = torch.randn(BATCH, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (BATCH,), device=dev)
+    crit = nn.CrossEntropyLoss()
+
+    def fresh():
+        torch.manual_seed(0)
+        m = torchvision.models.resnet50().to(dev).to(memory_format=torch.channels_last)
+        return m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+    results = {}
+    m, opt = fresh()
+
+    def plain():  # the baseline's loop: fp32 input, autocast bf16, grads set to None
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = crit(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    results["plain loop (zero_grad to None)"] = timed(plain)
+
+    def inplace():
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = crit(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    results["+ grads zeroed in place"] = timed(inplace)
+
+    m, _ = fresh()
+    opt = build_optimizer(m, OptimConfig(), 0.1)
+    step = EagerStep(m, opt, crit, torch.bfloat16, None)
+    meter = DeviceMeter(dev)
+    xb = x.to(torch.bfloat16)
+    results["fasttrain EagerStep (bf16 input, meter)"] = timed(lambda: step([(xb, y)], meter))
+
+    def with_lr():
+        set_lr(opt, 0.1)
+        step([(xb, y)], meter)
+
+    results["+ set_lr per step"] = timed(with_lr)
+    base = next(iter(results.values()))
+    print(f"{'variant':45s} {'img/s':>8s} {'vs plain':>9s}")
+    for name, rate in results.items():
+        print(f"{name:45s} {rate:8,.0f} {100 * (rate / base - 1):+8.1f}%")
+
+
+if __name__ == "__main__":
+    main()
