@@ -8,7 +8,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 || export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD  # the GPU image has every dependency; no install needed
 export FASTTRAIN_CACHE=/tmp/fasttrain-cache
 steps=${SYNTH_STEPS:-300}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$out/gpu.txt"

@@ -38,6 +38,7 @@ class ModelConfig:
     arch: str = "resnet50"
     num_classes: int | None = None  # None: the number of class folders in train/
     channels_last: bool = True
+    zero_init_residual: bool = True
 
 
 @dataclass
@@ -180,6 +181,13 @@ OPTIONS: tuple[Option, ...] = (
         "model.channels_last",
         bool,
         "NHWC memory format for the model and inputs (faster convolutions on tensor cores)",
+    ),
+    Option(
+        "--zero-init-residual",
+        "model.zero_init_residual",
+        bool,
+        "start each residual block's last BatchNorm scale at zero, so every block starts as the "
+        "identity (Goyal et al. 2017; timm's ResNet default); steadies the first steps",
     ),
     # length
     Option(

@@ -8,10 +8,21 @@ from torch import nn
 
 
 def build_model(
-    arch: str, num_classes: int, channels_last: bool, device: torch.device
+    arch: str,
+    num_classes: int,
+    channels_last: bool,
+    device: torch.device,
+    *,
+    zero_init_residual: bool = False,
 ) -> nn.Module:
-    """A freshly initialised torchvision model (weights=None: nothing is downloaded)."""
-    model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    """A freshly initialised torchvision model (weights=None: nothing is downloaded).
+
+    ``zero_init_residual`` zeroes the last BN scale of every residual block, so each block starts
+    as the identity: the large-batch ImageNet recipe (Goyal et al. 2017), and timm's default.
+    """
+    model = getattr(torchvision.models, arch)(
+        weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual
+    )
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)

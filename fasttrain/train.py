@@ -63,7 +63,13 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             f"--accum-steps {t.accum_steps}: an epoch has only {len(data.train)} "
             "batches, fewer than one optimizer step; lower it or --batch-size"
         )
-    model = build_model(cfg.model.arch, data.num_classes, cfg.model.channels_last, dist.device)
+    model = build_model(
+        cfg.model.arch,
+        data.num_classes,
+        cfg.model.channels_last,
+        dist.device,
+        zero_init_residual=cfg.model.zero_init_residual,
+    )
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0))
     scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None

@@ -59,3 +59,11 @@ def test_bn_parameters_can_be_exempt_from_weight_decay():
 def test_channels_last_model():
     model = build_model("resnet18", 10, channels_last=True, device=torch.device("cpu"))
     assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_zero_init_residual_starts_blocks_as_identity():
+    on = build_model("resnet50", 10, False, torch.device("cpu"), zero_init_residual=True)
+    off = build_model("resnet50", 10, False, torch.device("cpu"))
+    for block in on.layer1:
+        assert torch.count_nonzero(block.bn3.weight) == 0
+    assert torch.count_nonzero(off.layer1[0].bn3.weight) > 0

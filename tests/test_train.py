@@ -32,7 +32,7 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
         "--epochs",
         "6",
         "--lr",
-        "0.4",
+        "1.6",  # peak 0.1 at batch 16; zero-init residual blocks (the default) train well there
         "--warmup-epochs",
         "1",
         "--lr-schedule",
@@ -51,7 +51,7 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
     assert [v["epoch"] for v in val] == list(range(6))
     assert val[-1]["images"] == 100
     # chance is 25% (4 classes); with 100 images 45% is ~5 standard deviations above it
-    # (66-68% seen over three seeds)
+    # (57-77% seen over seeds 0-3)
     assert val[-1]["top1"] > 45.0, val
     # run directory: resolved config, per-rank log, TensorBoard scalars, checkpoints, summary
     assert (out / "config.yaml").is_file() and (out / "log-rank0.txt").is_file()
