@@ -52,12 +52,10 @@ class Metrics:
         start_step: int,
         world_size: int,
         device: torch.device,
-        global_batch: int,
     ):
         self.is_main = is_main
         self.world_size = world_size
         self.device = device
-        self.global_batch = global_batch
         self.intervals: list[tuple[int, int, float]] = []  # (epoch, images, seconds)
         self.writer = None
         self.jsonl = None

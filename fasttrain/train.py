@@ -116,7 +116,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         start_step=step,
         world_size=dist.world_size,
         device=dist.device,
-        global_batch=global_batch,
     )
     meter = DeviceMeter(dist.device)
     summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}

@@ -11,6 +11,7 @@ import torch
 
 from fasttrain.__main__ import main
 from fasttrain.data.sample import SampleSpec, build_sample
+from fasttrain.data.torchvision import DeviceLoader, build_torchvision_loader
 
 TINY = SampleSpec(classes=4, train_per_class=48, val_per_class=25, min_side=64, max_side=80)
 # flags for a fast CPU run: small model, small images, one worker
@@ -74,3 +75,34 @@ class Run:
 @pytest.fixture
 def run(capsys) -> Run:
     return Run(capsys)
+
+
+def train_loader(
+    samples: list[tuple[str, int]],
+    *,
+    batch_size: int = 16,
+    workers: int = 0,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DeviceLoader:
+    """The torchvision train loader at 32 px, channels_last, one process, seed 0."""
+    return build_torchvision_loader(
+        samples,
+        train=True,
+        image_size=32,
+        batch_size=batch_size,
+        workers=workers,
+        seed=0,
+        rank=0,
+        world=1,
+        device=torch.device(device),
+        dtype=dtype,
+        channels_last=True,
+    )
+
+
+def make_tree(root: Path, files: list[str]) -> None:
+    """Create ``files`` (paths relative to ``root``) holding one junk byte each."""
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")

@@ -14,9 +14,9 @@ from fasttrain.data.torchvision import (
     ImageFolderDataset,
     TrainSampler,
     ValSampler,
-    build_torchvision_loader,
 )
 from fasttrain.errors import UserError
+from tests.conftest import make_tree, train_loader
 
 
 def test_train_sampler_shards_are_disjoint_equal_and_batch_aligned():
@@ -96,19 +96,7 @@ def test_bad_val_image_is_masked_and_counted(data_with_bad_files):
 def test_device_loader_normalises_on_the_device_and_warns_once(data_with_bad_files, caplog):
     root, bad_train, _ = data_with_bad_files
     samples = scan_folder(root).train
-    loader = build_torchvision_loader(
-        samples,
-        train=True,
-        image_size=32,
-        batch_size=8,
-        workers=0,
-        seed=0,
-        rank=0,
-        world=1,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        channels_last=True,
-    )
+    loader = train_loader(samples, batch_size=8)
     assert len(loader) == len(samples) // 8
     loader.set_epoch(0)
     batches = list(loader)
@@ -164,9 +152,7 @@ def test_bad_dataset_layouts_are_one_line_errors(tmp_path, layout, message):
     root = tmp_path / "data"
     if layout is not None:
         root.mkdir()
-        for rel in layout:
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(b"x")
+        make_tree(root, layout)
     with pytest.raises(UserError, match=message) as e:
         scan_folder(root)
     assert str(e.value).startswith("--data") and "\n" not in str(e.value)

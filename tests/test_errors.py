@@ -9,7 +9,7 @@ import torch
 
 from fasttrain.__main__ import main
 from fasttrain.step import EagerStep
-from tests.conftest import FAST
+from tests.conftest import FAST, make_tree
 
 
 def one_line_error(err: str) -> str:
@@ -17,12 +17,6 @@ def one_line_error(err: str) -> str:
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
-
-
-def make_tree(root, files):
-    for rel in files:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"x")
 
 
 @pytest.mark.parametrize(

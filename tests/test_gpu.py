@@ -7,11 +7,11 @@ from torch import nn
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
 from fasttrain.data.synthetic import SyntheticLoader
-from fasttrain.data.torchvision import build_torchvision_loader
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule, set_lr
 from fasttrain.step import build_step
+from tests.conftest import train_loader
 
 pytestmark = pytest.mark.gpu
 
@@ -55,19 +55,7 @@ def test_steady_state_steps_do_not_sync(compile):
 
 def test_torchvision_loader_copies_without_syncing(tiny_data):
     samples = scan_folder(tiny_data).train
-    loader = build_torchvision_loader(
-        samples,
-        train=True,
-        image_size=32,
-        batch_size=16,
-        workers=2,
-        seed=0,
-        rank=0,
-        world=1,
-        device=torch.device("cuda"),
-        dtype=torch.bfloat16,
-        channels_last=True,
-    )
+    loader = train_loader(samples, workers=2, device="cuda", dtype=torch.bfloat16)
     loader.set_epoch(0)
     n = 0
     torch.cuda.synchronize()

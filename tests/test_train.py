@@ -11,11 +11,10 @@ from torch import nn
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.data.folder import scan_folder
-from fasttrain.data.torchvision import build_torchvision_loader
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.step import build_step
-from tests.conftest import FAST
+from tests.conftest import FAST, train_loader
 
 
 def params(run_dir):
@@ -102,19 +101,7 @@ def test_compiled_step_matches_eager_step_by_step(tiny_data):
     there (BN backward over tiny batches cancels; measured: eager 1e-5 / compiled 2.2% at 32 px,
     eager 1.2% / compiled 0.5% at 64 px), so the bound is 5%: a wrong gradient is off by O(1).
     """
-    loader = build_torchvision_loader(
-        scan_folder(tiny_data).train,
-        train=True,
-        image_size=32,
-        batch_size=16,
-        workers=0,
-        seed=0,
-        rank=0,
-        world=1,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        channels_last=True,
-    )
+    loader = train_loader(scan_folder(tiny_data).train)
     loader.set_epoch(0)
     batches = list(loader)[:6]
     torch.manual_seed(0)

@@ -2,7 +2,8 @@
 
 A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last (unless
 turned off) in the compute dtype, labels int64. It has ``__len__`` (batches per epoch),
-``set_epoch(epoch, start_batch)`` and ``state_dict()`` (the position a checkpoint records).
+``set_epoch(epoch, start_batch)``: start an epoch, skipping the batches a resumed run has
+already trained on. (The position itself is derived from the optimizer step, in ``train.py``.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
     def __iter__(self): ...
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
-    def state_dict(self) -> dict[str, int]: ...
 
 
 @dataclass

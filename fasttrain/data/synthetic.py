@@ -30,17 +30,13 @@ class SyntheticLoader:
         self.images = images.to(device=device, dtype=dtype).contiguous(memory_format=fmt)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
         self.steps = steps
-        self.epoch = 0
         self.start_batch = 0
 
     def __len__(self) -> int:
         return self.steps
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "start_batch": self.start_batch}
+        self.start_batch = start_batch  # every epoch yields the same tensors
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(self.start_batch, self.steps):

@@ -164,8 +164,6 @@ class DeviceLoader:
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
         self.inv_std = 1 / (torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255)
         self.bad_files: set[str] = set()
-        self.epoch = 0
-        self.start_batch = 0
 
     def __len__(self) -> int:
         """Batches in a whole epoch (train) or in the val set, whatever the resume position."""
@@ -175,12 +173,8 @@ class DeviceLoader:
         return math.ceil(len(s) / self.loader.batch_size)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
         if isinstance(self.sampler, TrainSampler):
             self.sampler.set_position(epoch, start_batch)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "start_batch": self.start_batch}
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         non_blocking = self.device.type == "cuda"
