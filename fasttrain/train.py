@@ -47,6 +47,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     global_batch = t.batch_size * dist.world_size * t.accum_steps
 
     # ---- build -------------------------------------------------------------------------------
+    resumed = _find_resume(cfg)  # before the data: a DALI pipeline restores when it is built
     data = build_data(
         cfg.data,
         batch_size=t.batch_size,
@@ -55,7 +56,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         dist=dist,
         dtype=amp_dtype or torch.float32,
         channels_last=cfg.model.channels_last,
-        global_batch=global_batch,
+        accum_steps=t.accum_steps,
+        loader_state=resumed[1].get("loader_state") if resumed else None,
     )
     steps_per_epoch = len(data.train) // t.accum_steps
     if steps_per_epoch == 0:
@@ -81,9 +83,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         else None
     )
 
-    step = 0
-    if r.resume is not None:
-        step = _resume(cfg, model, optimizer, scaler)
+    step = _apply_resume(*resumed, cfg, model, optimizer, scaler) if resumed else 0
     total_steps = min(t.max_steps or math.inf, schedule.total_steps)
     log.info(
         "%s, %d classes, %.1fM params | %s",
@@ -133,6 +133,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 model,
                 optimizer,
                 scaler,
+                data.train,
                 step,
                 steps_per_epoch,
                 t.accum_steps,
@@ -225,7 +226,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _save(run_dir, keep, cfg, model, optimizer, scaler, step, steps_per_epoch, accum) -> None:
+def _save(
+    run_dir, keep, cfg, model, optimizer, scaler, loader, step, steps_per_epoch, accum
+) -> None:
     epoch, in_epoch = divmod(step, steps_per_epoch)
     state = {
         "model": model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
@@ -234,6 +237,7 @@ def _save(run_dir, keep, cfg, model, optimizer, scaler, step, steps_per_epoch, a
         "step": step,
         "epoch": epoch,
         "loader": {"epoch": epoch, "start_batch": in_epoch * accum},
+        "loader_state": loader.state_dict(),  # DALI's reader state; empty for the others
         "rng": ckpt.rng_state(),
         "config": cfg.to_dict(),
     }
@@ -241,18 +245,22 @@ def _save(run_dir, keep, cfg, model, optimizer, scaler, step, steps_per_epoch, a
     log.debug("saved %s", path)
 
 
-def _resume(cfg: Config, model, optimizer, scaler) -> int:
-    """Load model, optimizer, scaler and RNG states; return the step to continue from."""
+def _find_resume(cfg: Config) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint ``--resume`` names (or the newest valid one, for 'auto'), loaded."""
+    if cfg.run.resume is None:
+        return None
     if cfg.run.resume == "auto":
         found = ckpt.latest_valid(cfg.run.output_dir)
         if found is None:
             log.info(
                 "--resume auto: no checkpoint in %s yet; starting from scratch", cfg.run.output_dir
             )
-            return 0
-        path, state = found
-    else:
-        path, state = cfg.run.resume, ckpt.load_checkpoint(cfg.run.resume)
+        return found
+    return cfg.run.resume, ckpt.load_checkpoint(cfg.run.resume)
+
+
+def _apply_resume(path, state, cfg: Config, model, optimizer, scaler) -> int:
+    """Load model, optimizer, scaler and RNG states; return the step to continue from."""
     _warn_config_changes(state["config"], cfg.to_dict())
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

@@ -3,7 +3,8 @@
 A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last (unless
 turned off) in the compute dtype, labels int64. It has ``__len__`` (batches per epoch),
 ``set_epoch(epoch, start_batch)``: start an epoch, skipping the batches a resumed run has
-already trained on. (The position itself is derived from the optimizer step, in ``train.py``.)
+already trained on, and ``state_dict()``: what the loader itself must carry across a resume
+(empty for loaders whose position follows from the step; DALI's reader state otherwise).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
     def __iter__(self): ...
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+    def state_dict(self) -> dict: ...
 
 
 @dataclass
@@ -41,8 +43,12 @@ def build_data(
     dist: DistState,
     dtype: torch.dtype,
     channels_last: bool,
-    global_batch: int,
+    accum_steps: int,
+    loader_state: dict | None = None,
 ) -> Data:
+    """Build the train and val loaders ``cfg.loader`` names; ``loader_state`` resumes the train
+    loader from a checkpoint's ``state_dict()``."""
+    global_batch = batch_size * dist.world_size * accum_steps
     if cfg.loader == "synthetic":
         from fasttrain.data.synthetic import IMAGENET_TRAIN_IMAGES, SyntheticLoader
 
@@ -80,7 +86,6 @@ def build_data(
     common = dict(
         image_size=cfg.image_size,
         batch_size=batch_size,
-        workers=cfg.workers,
         seed=seed,
         rank=dist.rank,
         world=dist.world_size,
@@ -88,12 +93,32 @@ def build_data(
         dtype=dtype,
         channels_last=channels_last,
     )
-    train = build_torchvision_loader(ds.train, train=True, **common)
-    val = build_torchvision_loader(ds.val, train=False, **common)
+    if cfg.loader == "dali":
+        from fasttrain.data.dali import DaliLoader, require_dali
+
+        require_dali()
+        dali = dict(
+            threads=cfg.dali_threads,
+            hw_decoder_load=cfg.dali_hw_decoder_load,
+            local_rank=dist.local_rank,
+            **common,
+        )
+        train = DaliLoader(
+            ds.train, train=True, buffers=accum_steps, state=loader_state or None, **dali
+        )
+        val = DaliLoader(ds.val, train=False, **dali)
+        how = (
+            f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
+            f"{cfg.dali_threads} threads)"
+        )
+    else:
+        train = build_torchvision_loader(ds.train, train=True, workers=cfg.workers, **common)
+        val = build_torchvision_loader(ds.val, train=False, workers=cfg.workers, **common)
+        how = f"torchvision loader with {cfg.workers} workers"
     return Data(
         train,
         val,
         num_classes or classes,
         f"{cfg.path}: {len(ds.train):,} train / {len(ds.val):,} val images, "
-        f"{classes} classes, torchvision loader with {cfg.workers} workers",
+        f"{classes} classes, {how}",
     )

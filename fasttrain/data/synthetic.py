@@ -38,6 +38,9 @@ class SyntheticLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.start_batch = start_batch  # every epoch yields the same tensors
 
+    def state_dict(self) -> dict:
+        return {}  # nothing beyond the position, which follows from the step
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(self.start_batch, self.steps):
             yield self.images, self.labels

@@ -176,6 +176,9 @@ class DeviceLoader:
         if isinstance(self.sampler, TrainSampler):
             self.sampler.set_position(epoch, start_batch)
 
+    def state_dict(self) -> dict:
+        return {}  # augmentation is keyed on (seed, epoch, index): the step says it all
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         non_blocking = self.device.type == "cuda"
         for images, labels, bad in self.loader:

@@ -1,0 +1,285 @@
+"""The fast loader: NVIDIA DALI decodes and augments on the GPU (the hardware JPEG decoder).
+
+Pipelines are written with ``@pipeline_def`` and ``fn.*``. The same definition runs on the GPU
+(``device_id`` = local rank, ``mixed`` decoder) and in DALI's CPU mode (``device_id=None``), which
+is how CI tests the real pipeline.
+
+- **Train:** reader → ``decoders.image_random_crop`` (area [0.08, 1], aspect [3/4, 4/3]) → resize
+  → ``crop_mirror_normalize`` with a random flip, fp16 NHWC.
+- **Val:** decode → resize the shorter side → center crop → normalise.
+- **Output:** each batch is copied (``feed_ndarray``) into fixed buffers allocated once, handed out
+  as a channels_last NCHW *view* of the NHWC buffer: no layout copy, no allocation per step, and
+  the same addresses every step (what a CUDA graph needs).
+- **Shuffling:** the reader gets the file list pre-permuted with the seed and
+  ``shuffle_after_epoch=True``, a fresh global permutation every epoch, identical on every rank so
+  the shards stay disjoint. DALI's ``random_shuffle`` only shuffles within a 1,024-sample buffer,
+  which over a class-sorted list such as ImageNet's would fill batches with one or two classes.
+- **Sharding:** ``shard_id`` = global rank, ``num_shards`` = world size, ``device_id`` = local
+  rank. Every rank trains on the same number of full batches (``N // world // batch``).
+- **Resume:** the reader and RNG state come from DALI's own checkpoint (``enable_checkpointing``),
+  saved with fasttrain's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD
+from fasttrain.errors import UserError
+
+READER = "Reader"
+# decoder scratch sized for ImageNet's largest images (NVIDIA's DeepLearningExamples values), so
+# the hardware decoder does not reallocate mid-run
+DEVICE_MEMORY_PADDING = 211_025_920
+HOST_MEMORY_PADDING = 140_544_512
+
+
+class DataError(UserError):
+    """DALI stopped on a file it could not decode (a runtime fault, not a bad flag: exit 1)."""
+
+    exit_code = 1
+
+
+def dali_available() -> bool:
+    return importlib.util.find_spec("nvidia") is not None and (
+        importlib.util.find_spec("nvidia.dali") is not None
+    )
+
+
+def require_dali() -> None:
+    if not dali_available():
+        raise UserError(
+            "--loader dali: NVIDIA DALI is not installed; install the extra matching your CUDA "
+            'major version: pip install -e ".[dali]" (CUDA 12) or ".[dali-cu13]" (CUDA 13)'
+        )
+
+
+def _pipelines():
+    """Build the pipeline functions on first use, so importing fasttrain never needs DALI."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    mean = [m * 255 for m in IMAGENET_MEAN]
+    std = [s * 255 for s in IMAGENET_STD]
+
+    def decoder_args(gpu: bool, hw_decoder_load: float) -> dict[str, Any]:
+        if not gpu:
+            return {"device": "cpu"}
+        return {
+            "device": "mixed",
+            "hw_decoder_load": hw_decoder_load,
+            "device_memory_padding": DEVICE_MEMORY_PADDING,
+            "host_memory_padding": HOST_MEMORY_PADDING,
+        }
+
+    @pipeline_def(enable_checkpointing=True)
+    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+        jpegs, label = fn.readers.file(
+            files=files,
+            labels=labels,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            shuffle_after_epoch=True,
+            pad_last_batch=True,
+            name=READER,
+        )
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            output_type=types.RGB,
+            random_area=[0.08, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+            num_attempts=100,
+            **decoder_args(gpu, hw_decoder_load),
+        )
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT16,
+            output_layout="HWC",
+            mean=mean,
+            std=std,
+            mirror=fn.random.coin_flip(),
+        )
+        return images, (label.gpu() if gpu else label)
+
+    @pipeline_def(enable_checkpointing=True)
+    def val_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+        jpegs, label = fn.readers.file(
+            files=files,
+            labels=labels,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            stick_to_shard=True,
+            pad_last_batch=True,
+            name=READER,
+        )
+        images = fn.decoders.image(
+            jpegs, output_type=types.RGB, **decoder_args(gpu, hw_decoder_load)
+        )
+        images = fn.resize(images, resize_shorter=round(image_size / 0.875))
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT16,
+            output_layout="HWC",
+            crop=(image_size, image_size),
+            mean=mean,
+            std=std,
+        )
+        return images, (label.gpu() if gpu else label)
+
+    return train_pipeline, val_pipeline
+
+
+def shard_bounds(n: int, shard: int, shards: int) -> tuple[int, int]:
+    """DALI's file reader gives shard i the samples [floor(n i / s), floor(n (i + 1) / s))."""
+    return n * shard // shards, n * (shard + 1) // shards
+
+
+class DaliLoader:
+    """The Loader contract over a DALI pipeline, with fixed output buffers.
+
+    One epoch of the pipeline is ``runs_per_epoch`` batches: the shard, padded to the largest
+    shard size by repeating its last sample, in batches. Train yields the first
+    ``N // world // batch`` of them (the same count on every rank: fixed shapes, equal steps);
+    the rest are run and discarded when the next epoch starts, so the pipeline stays aligned with
+    epochs whatever the loop consumed. Val yields every batch, with label -1 on the padding.
+    """
+
+    def __init__(
+        self,
+        samples: list[tuple[str, int]],
+        *,
+        train: bool,
+        image_size: int,
+        batch_size: int,
+        threads: int,
+        hw_decoder_load: float,
+        seed: int,
+        rank: int,
+        world: int,
+        local_rank: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        channels_last: bool,
+        buffers: int = 1,
+        state: dict[str, Any] | None = None,
+    ):
+        """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
+        its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume."""
+        require_dali()
+        self.train = train
+        self.batch_size = batch_size
+        self.device = device
+        gpu = device.type == "cuda"
+        n = len(samples)
+        order = list(range(n))
+        if train:  # a seeded global permutation; shuffle_after_epoch reshuffles every epoch
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        files = [samples[i][0] for i in order]
+        labels = [samples[i][1] for i in order]
+        train_pipeline, val_pipeline = _pipelines()
+        make = train_pipeline if train else val_pipeline
+        self.pipe = make(
+            files,
+            labels,
+            rank,
+            world,
+            image_size,
+            gpu,
+            hw_decoder_load,
+            batch_size=batch_size,
+            num_threads=threads,
+            device_id=local_rank if gpu else None,
+            seed=seed + 1,
+            prefetch_queue_depth=2,
+            **({"checkpoint": state["dali"]} if state else {}),
+        )
+        self.pipe.build()
+        padded_shard = math.ceil(n / world)
+        self.runs_per_epoch = math.ceil(padded_shard / batch_size)
+        if train:
+            self.batches = n // world // batch_size
+        else:
+            self.batches = self.runs_per_epoch
+            begin, end = shard_bounds(n, rank, world)
+            self.shard_len = end - begin
+        # pipeline runs into the current epoch (a restored pipeline continues where it was saved)
+        self.runs = state["runs"] if state else 0
+        self.epoch = state["epoch"] if state else 0
+        self.start_batch = 0
+        # fixed output buffers: NHWC storage, handed out as channels_last NCHW views
+        self.buffers = [
+            (
+                torch.empty(
+                    (batch_size, image_size, image_size, 3), dtype=torch.float16, device=device
+                ),
+                torch.empty((batch_size, 1), dtype=torch.int32, device=device),
+                torch.empty((batch_size,), dtype=torch.int64, device=device),
+            )
+            for _ in range(buffers)
+        ]
+        self.dtype = dtype
+        self.channels_last = channels_last
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Start ``epoch``; a resumed run's pipeline (restored from its checkpoint) is already at
+        ``start_batch``. The previous epoch's unused runs are drained first."""
+        if epoch != self.epoch:
+            while self.runs < self.runs_per_epoch * (epoch - self.epoch):
+                self.pipe.run()
+                self.runs += 1
+            self.runs = 0
+            self.epoch = epoch
+        if self.runs != start_batch:
+            raise RuntimeError(
+                f"DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for {start_batch}"
+            )
+        self.start_batch = start_batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
+        return {"dali": self.pipe.checkpoint(), "epoch": self.epoch, "runs": self.runs}
+
+    def _copy_out(self, images, labels, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        images_nhwc, labels_i32, labels_i64 = self.buffers[slot]
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
+        feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
+        labels_i64.copy_(labels_i32.view(-1))  # int64 on the device, as the loss wants
+        return images_nhwc.permute(0, 3, 1, 2), labels_i64  # a channels_last view: no copy
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.start_batch, self.batches):
+            try:
+                images, labels = self.pipe.run()
+            except RuntimeError as e:
+                if "decoders" not in str(e):
+                    raise
+                split = "train" if self.train else "val"
+                raise DataError(
+                    f"--loader dali: a {split} image failed to decode, and DALI does not say "
+                    "which; rerun with --loader torchvision, which skips and names bad files"
+                ) from None
+            self.runs += 1
+            x, y = self._copy_out(images, labels, i % len(self.buffers))
+            if not self.train:  # padding past this rank's shard is not a sample
+                first_pad = self.shard_len - i * self.batch_size
+                if first_pad < self.batch_size:
+                    y[max(first_pad, 0) :] = -1
+            if self.dtype != torch.float16:  # DALI has no bf16 output: cast on the device
+                x = x.to(self.dtype)
+            if not self.channels_last:
+                x = x.contiguous()
+            yield x, y
+        if not self.train:
+            self.runs = 0  # val stays on its shard: the next evaluation starts it again

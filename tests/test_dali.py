@@ -1,0 +1,177 @@
+"""The DALI pipelines, run in DALI's CPU mode (device_id=None): the same definitions as on a GPU."""
+
+import pytest
+import torch
+
+from fasttrain.data.folder import scan_folder
+from tests.conftest import FAST
+
+pytest.importorskip("nvidia.dali")
+from fasttrain.data.dali import DaliLoader
+
+
+def loader(samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, **kw) -> DaliLoader:
+    return DaliLoader(
+        samples,
+        train=train,
+        image_size=32,
+        batch_size=batch_size,
+        threads=2,
+        hw_decoder_load=0.99,
+        seed=seed,
+        rank=rank,
+        world=world,
+        local_rank=0,
+        device=torch.device("cpu"),
+        dtype=torch.float16,
+        channels_last=True,
+        **kw,
+    )
+
+
+def indexed(samples):
+    """Label each file with its own index, so the labels say which files came out."""
+    return [(path, i) for i, (path, _) in enumerate(samples)]
+
+
+def epoch(ld, e=0, start=0):
+    ld.set_epoch(e, start)
+    return [(x.clone(), y.clone()) for x, y in ld]
+
+
+def test_batches_are_fp16_channels_last_views_of_fixed_buffers(tiny_data):
+    ld = loader(scan_folder(tiny_data).train)
+    assert len(ld) == 192 // 16
+    batches = []
+    ld.set_epoch(0)
+    for x, y in ld:
+        batches.append((x.data_ptr(), y.data_ptr()))
+        assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float16
+        assert x.is_contiguous(memory_format=torch.channels_last)  # the NHWC buffer, viewed
+        assert y.shape == (16,) and y.dtype == torch.int64
+        assert x.abs().max() < 10 and x.float().std() > 0.2  # normalised, not raw 0-255
+    assert len(set(batches)) == 1  # one buffer, the same addresses every step
+
+
+def test_accumulation_gets_one_buffer_per_micro_batch(tiny_data):
+    ld = loader(scan_folder(tiny_data).train, buffers=2)
+    ld.set_epoch(0)
+    it = iter(ld)
+    (x0, _), (x1, _), (x2, _) = next(it), next(it), next(it)
+    assert x0.data_ptr() != x1.data_ptr() and x2.data_ptr() == x0.data_ptr()
+
+
+def test_val_labels_match_their_class_folders(tiny_data):
+    samples = scan_folder(tiny_data).val
+    labels = torch.cat([y for _, y in epoch(loader(samples, train=False))])
+    expected = torch.tensor([label for _, label in samples])
+    assert torch.equal(labels[labels >= 0], expected)  # val keeps file order; padding is -1
+
+
+def test_train_shards_are_disjoint_and_cover_the_set(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)  # 192 files: 6 batches per rank, no tail
+    seen = [torch.cat([y for _, y in epoch(loader(samples, rank=r, world=2))]) for r in range(2)]
+    assert len(seen[0]) == len(seen[1]) == 96
+    assert not set(seen[0].tolist()) & set(seen[1].tolist())
+    assert sorted(torch.cat(seen).tolist()) == list(range(192))
+
+
+def test_train_order_is_shuffled_deterministically_by_seed(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)
+    a, b, c = (epoch(loader(samples, seed=s)) for s in (0, 0, 1))
+    labels = [torch.cat([y for _, y in run]).tolist() for run in (a, b, c)]
+    assert labels[0] == labels[1] and labels[0] != labels[2]
+    assert labels[0] != sorted(labels[0])  # shuffled, not the class-sorted file order
+    assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b, strict=True))
+    first_batch_classes = {samples[i][0].split("/")[-2] for i in labels[0][:16]}
+    assert len(first_batch_classes) >= 3  # a global shuffle, not a 1,024-sample buffer
+
+
+def test_each_epoch_is_a_new_permutation(tiny_data):
+    ld = loader(indexed(scan_folder(tiny_data).train))
+    e0 = torch.cat([y for _, y in epoch(ld, 0)]).tolist()
+    e1 = torch.cat([y for _, y in epoch(ld, 1)]).tolist()
+    assert sorted(e0) == sorted(e1) == list(range(192)) and e0 != e1
+
+
+def test_val_counts_every_image_once_across_ranks(tiny_data):
+    samples = indexed(scan_folder(tiny_data).val)  # 100 images over 3 ranks: 33/33/34
+    counted = []
+    for r in range(3):
+        ld = loader(samples, train=False, rank=r, world=3)
+        for _ in range(2):  # a second evaluation sees the same shard again
+            labels = torch.cat([y for _, y in epoch(ld)])
+        counted += labels[labels >= 0].tolist()
+    assert sorted(counted) == list(range(100))
+
+
+def test_resume_continues_with_the_samples_not_yet_seen(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)
+    a = loader(samples, batch_size=32)
+    a.set_epoch(0)
+    it = iter(a)
+    for _ in range(2):
+        next(it)
+    state = a.state_dict()
+    rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 1)
+    b = loader(samples, batch_size=32, state=state)
+    resumed = epoch(b, 0, 2) + epoch(b, 1)
+    assert len(resumed) == len(rest) == 4 + 6
+    for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path):
+    common = [
+        "--data",
+        tiny_data,
+        *FAST,
+        "--loader",
+        "dali",
+        "--dali-threads",
+        "2",
+        "--epochs",
+        "2",
+        "--accum-steps",
+        "2",
+        "--log-every",
+        "2",
+    ]
+    code, err = run(*common, "--output-dir", tmp_path / "whole")
+    assert code == 0, err
+    code, err = run(*common, "--output-dir", tmp_path / "parts", "--max-steps", "4")
+    assert code == 0, err
+    code, err = run(*common, "--output-dir", tmp_path / "parts", "--resume", "auto")
+    assert code == 0, err
+    log = (tmp_path / "whole" / "log-rank0.txt").read_text()
+    assert "DALI loader (CPU decode, 2 threads)" in log
+    from tests.test_train import params
+
+    whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
+    assert whole["step"] == parts["step"] == 12
+    for k, v in whole["model"].items():
+        assert torch.equal(v, parts["model"][k]), k
+    assert run.records(tmp_path / "whole", "val")[-1]["images"] == 100
+
+
+def test_missing_dali_is_a_one_line_error_naming_the_extra(run, tiny_data, monkeypatch):
+    import fasttrain.data.dali as dali
+
+    monkeypatch.setattr(dali, "dali_available", lambda: False)
+    code, err = run("--data", tiny_data, *FAST, "--loader", "dali")
+    assert code == 2
+    assert 'pip install -e ".[dali]"' in err and "Traceback" not in err
+
+
+def test_an_undecodable_file_is_a_one_line_error(run, tiny_data, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    next((data / "train" / "class_001").iterdir()).write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    code, err = run(
+        "--data", data, *FAST, "--loader", "dali", "--epochs", "1", "--output-dir", tmp_path / "o"
+    )
+    assert code == 1 and "Traceback" not in err
+    assert "--loader dali: a train image failed to decode" in err
+    assert "--loader torchvision" in err
