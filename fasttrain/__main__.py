@@ -1,13 +1,60 @@
-"""Entry point: ``python -m fasttrain [flags]`` trains; ``python -m fasttrain env`` reports.
+"""Entry point.
+
+- ``python -m fasttrain [flags]`` trains.
+- ``python -m fasttrain env`` reports the hardware and software.
+- ``python -m fasttrain check-data DIR`` lists undecodable images and writes the list loaders skip.
 
 Parse -> Config -> train. A ``UserError`` anywhere becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+
+def say(msg: str) -> None:
+    print(f"fasttrain: {msg}", file=sys.stderr)
+
+
+def check_data(argv: Sequence[str]) -> int:
+    from fasttrain.config import default_exclude_list
+    from fasttrain.data.check import find_bad_files, write_exclude_list
+
+    p = argparse.ArgumentParser(
+        prog="python -m fasttrain check-data",
+        description="Decode every image under DIR/train and DIR/val, list the ones that fail, and "
+        "write them to a list that training leaves out (found automatically for --data DIR).",
+    )
+    p.add_argument("dir", help="dataset root with train/ and val/ class folders")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="decoding processes (default: one per CPU core)",
+    )
+    p.add_argument(
+        "--output",
+        help="where to write the list (default: the cache, where training finds it for --data DIR)",
+    )
+    args = p.parse_args(argv)
+    t = time.perf_counter()
+    checked, bad = find_bad_files(
+        args.dir, max(1, args.workers), progress=lambda i, n: say(f"checked {i:,} / {n:,}")
+    )
+    for path, reason in bad:
+        print(f"{path}\t{reason}")
+    out = Path(args.output) if args.output else default_exclude_list(args.dir)
+    write_exclude_list(out, args.dir, bad)
+    say(
+        f"{len(bad)} of {checked:,} images failed to decode ({time.perf_counter() - t:.0f} s); "
+        f"wrote {out}, which training on --data {args.dir} now leaves out"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,25 +70,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(env_report())
         return 0
     try:
+        if argv[:1] == ["check-data"]:
+            return check_data(argv[1:])
         from fasttrain.config import cache_dir, parse_args, resolve
         from fasttrain.distributed import DistState
 
         cuda = torch.cuda.is_available()
         cfg, notes = parse_args(argv, cuda_available=cuda)
-        for note in notes:
-            print(f"fasttrain: {note}", file=sys.stderr)
-        resolve(cfg, cuda_available=cuda)
+        resolve(cfg, cuda_available=cuda, notes=notes)
         dist = DistState.from_env(cfg.train.device)
+        if dist.is_main:
+            for note in notes:
+                say(note)
         if cfg.data.path is None and cfg.data.loader != "synthetic":
             from fasttrain.data.sample import build_sample
 
-            def say(msg: str) -> None:
-                if dist.is_main:
-                    print(f"fasttrain: {msg}", file=sys.stderr)
-
             t_build = time.perf_counter()
-            cfg.data.path = str(build_sample(cache_dir(), log=say))
-            if time.perf_counter() - t_build > 1:
+            cfg.data.path = str(
+                build_sample(cache_dir(), log=say if dist.is_main else lambda m: None)
+            )
+            if time.perf_counter() - t_build > 1 and dist.is_main:
                 say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
             t_start = time.perf_counter()  # a one-off build is not part of the start-up cost
         from fasttrain.train import train

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,8 @@ ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 @dataclass
 class DataConfig:
     path: str | None = None  # None: the built-in sample dataset
-    loader: str = "torchvision"
+    loader: str = "auto"  # dali where DALI and a GPU are present, else torchvision
+    exclude_list: str | None = None  # None: check-data's list for --data, if it wrote one
     image_size: int = 224
     workers: int | None = None  # None: one per CPU, at most 16
     synthetic_steps: int = 0  # steps per epoch of the synthetic loader; 0: an ImageNet-sized epoch
@@ -137,10 +139,19 @@ OPTIONS: tuple[Option, ...] = (
         "--loader",
         "data.loader",
         str,
-        "input pipeline: torchvision (ImageFolder, CPU decode, uint8 to the GPU), dali (NVIDIA "
-        "DALI: decode and augment on the GPU, or on the CPU without one; needs the dali extra) "
-        "or synthetic (fixed random tensors on the device, for benchmarks)",
-        choices=("torchvision", "dali", "synthetic"),
+        "input pipeline: dali (NVIDIA DALI: decode and augment on the GPU, or on the CPU "
+        "without one; needs the dali extra), torchvision (ImageFolder, CPU decode, uint8 to the "
+        "GPU), synthetic (fixed random tensors on the device, for benchmarks), or auto: dali "
+        "where DALI and a GPU are present, else torchvision",
+        choices=("auto", "dali", "torchvision", "synthetic"),
+    ),
+    Option(
+        "--exclude-list",
+        "data.exclude_list",
+        str,
+        "images to leave out, one path per line, as `python -m fasttrain check-data DIR` writes "
+        "(default: the list check-data wrote for --data, if there is one)",
+        nullable=True,
     ),
     Option(
         "--image-size",
@@ -492,8 +503,22 @@ def parse_args(argv: Sequence[str], cuda_available: bool) -> tuple[Config, list[
     return cfg, notes
 
 
-def resolve(cfg: Config, cuda_available: bool, cpu_count: int | None = None) -> Config:
-    """Fill the 'auto' values (device, AMP, workers, output dir) so the saved config is explicit."""
+def default_exclude_list(data_path: str | Path) -> Path:
+    """Where ``check-data`` writes, and training looks for, the bad-file list of a dataset."""
+    absolute = os.path.abspath(Path(data_path).expanduser())
+    digest = hashlib.sha1(absolute.encode()).hexdigest()[:12]
+    return cache_dir() / "check-data" / f"{Path(absolute).name}-{digest}.txt"
+
+
+def resolve(
+    cfg: Config,
+    cuda_available: bool,
+    cpu_count: int | None = None,
+    dali_available: bool | None = None,
+    notes: list[str] | None = None,
+) -> Config:
+    """Fill the 'auto' values (device, AMP, loader, workers, bad-file list, output dir) so the
+    saved config is explicit. Things the user should hear about once go into ``notes``."""
     t = cfg.train
     if t.device == "auto":
         t.device = "cuda" if cuda_available else "cpu"
@@ -506,8 +531,22 @@ def resolve(cfg: Config, cuda_available: bool, cpu_count: int | None = None) -> 
     if cfg.data.workers is None:
         cpus = cpu_count or len(os.sched_getaffinity(0))
         cfg.data.workers = min(16, cpus)
-    if cfg.data.path is not None:
-        cfg.data.path = str(Path(cfg.data.path).expanduser())
+    d = cfg.data
+    if d.loader == "auto":
+        if dali_available is None:
+            from fasttrain.data.dali import dali_available as find_dali
+
+            dali_available = find_dali()
+        d.loader = "dali" if t.device == "cuda" and dali_available else "torchvision"
+        if t.device == "cuda" and not dali_available and notes is not None:
+            notes.append(
+                "DALI is not installed, so the torchvision loader decodes on the CPU; pip install "
+                '-e ".[dali]" (CUDA 12) or ".[dali-cu13]" (CUDA 13) decodes on the GPU'
+            )
+    if d.path is not None:
+        d.path = str(Path(d.path).expanduser())
+        if d.exclude_list is None and default_exclude_list(d.path).is_file():
+            d.exclude_list = str(default_exclude_list(d.path))
     r = cfg.run
     if r.output_dir is None:
         r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))

@@ -187,3 +187,23 @@ def test_shipped_recipes_are_valid():
     assert imagenet["train"]["batch_size"] == 256 and imagenet["train"]["epochs"] == 90
     assert imagenet["optim"]["lr"] == 0.1 and imagenet["optim"]["warmup_epochs"] == 5
     assert imagenet["optim"]["label_smoothing"] == 0.1
+
+
+def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot():
+    def loader(cuda, dali):
+        notes = []
+        cfg = parse_args(["--data", "/d"], cuda_available=cuda)[0]
+        resolve(cfg, cuda_available=cuda, dali_available=dali, notes=notes)
+        return cfg.data.loader, notes
+
+    assert loader(True, True) == ("dali", [])
+    chosen, notes = loader(True, False)
+    assert chosen == "torchvision" and 'pip install -e ".[dali]"' in notes[0]
+    assert loader(False, True) == ("torchvision", [])  # no GPU: the CPU reference loader
+    cfg = parse_args(["--data", "/d", "--loader", "torchvision"], cuda_available=True)[0]
+    assert resolve(cfg, True, dali_available=True).data.loader == "torchvision"  # explicit wins
+
+
+def test_hw_decoder_load_is_a_fraction(tmp_path):
+    with pytest.raises(UserError, match="--dali-hw-decoder-load must be at most 1"):
+        parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)

@@ -175,3 +175,31 @@ def test_an_undecodable_file_is_a_one_line_error(run, tiny_data, tmp_path):
     assert code == 1 and "Traceback" not in err
     assert "--loader dali: a train image failed to decode" in err
     assert "--loader torchvision" in err
+
+
+def test_dali_trains_past_bad_files_once_check_data_listed_them(run, tiny_data, tmp_path):
+    import shutil
+
+    from fasttrain.__main__ import main
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    next((data / "train" / "class_001").iterdir()).write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    assert (
+        main(["check-data", str(data), "--workers", "1", "--output", str(tmp_path / "bad.txt")])
+        == 0
+    )
+    code, err = run(
+        "--data",
+        data,
+        *FAST,
+        "--loader",
+        "dali",
+        "--epochs",
+        "1",
+        "--exclude-list",
+        tmp_path / "bad.txt",
+        "--output-dir",
+        tmp_path / "o",
+    )
+    assert code == 0, err

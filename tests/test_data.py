@@ -6,6 +6,7 @@ import torch
 import torchvision.transforms.functional as F
 from PIL import Image
 
+from fasttrain.data.check import read_exclude_list
 from fasttrain.data.folder import scan_folder
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.data.torchvision import (
@@ -16,7 +17,7 @@ from fasttrain.data.torchvision import (
     ValSampler,
 )
 from fasttrain.errors import UserError
-from tests.conftest import make_tree, train_loader
+from tests.conftest import FAST, make_tree, train_loader
 
 
 def test_train_sampler_shards_are_disjoint_equal_and_batch_aligned():
@@ -156,3 +157,44 @@ def test_bad_dataset_layouts_are_one_line_errors(tmp_path, layout, message):
     with pytest.raises(UserError, match=message) as e:
         scan_folder(root)
     assert str(e.value).startswith("--data") and "\n" not in str(e.value)
+
+
+def test_check_data_lists_bad_files_and_training_leaves_them_out(
+    run, tiny_data, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    train_dir, val_dir = data / "train" / "class_000", data / "val" / "class_003"
+    good = sorted(train_dir.iterdir())
+    truncated = good[0].read_bytes()
+    bad = {
+        good[1]: b"",  # zero bytes
+        good[2]: b"\xff\xd8\xff\xe0 corrupt",  # a JPEG header, then nothing
+        good[3]: truncated[: len(truncated) // 3],  # cut off part-way
+        sorted(val_dir.iterdir())[0]: b"plain text, named .jpg",  # not an image
+    }
+    for path, content in bad.items():
+        path.write_bytes(content)
+    png = good[4]  # a PNG named .jpg, and a grayscale image: both decodable, both kept
+    Image.open(good[5]).save(png, format="PNG")
+    Image.open(good[6]).convert("L").save(good[6], format="JPEG")
+
+    from fasttrain.__main__ import main
+
+    capsys.readouterr()
+    assert main(["check-data", str(data), "--workers", "2"]) == 0
+    out, err = capsys.readouterr()
+    listed = {line.split("\t")[0] for line in out.splitlines()}
+    assert listed == {str(p) for p in bad}
+    assert "4 of 292 images failed to decode" in err
+    from fasttrain.config import default_exclude_list
+
+    assert read_exclude_list(default_exclude_list(data)) == {str(p) for p in bad}
+
+    # training on that --data finds the list and leaves the files out: no undecodable warnings
+    code, err = run("--data", data, *FAST, "--epochs", "1", "--output-dir", tmp_path / "o")
+    assert code == 0, err
+    log = (tmp_path / "o" / "log-rank0.txt").read_text()
+    assert "leaving out the 4 files" in log and "undecodable" not in log
+    assert run.records(tmp_path / "o", "val")[-1]["images"] == 99

@@ -10,6 +10,7 @@ already trained on, and ``state_dict()``: what the loader itself must carry acro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -70,7 +71,14 @@ def build_data(
     from fasttrain.data.torchvision import build_torchvision_loader
 
     assert cfg.path is not None, "resolve() fills data.path"
-    ds = scan_folder(cfg.path)
+    exclude: set[str] = set()
+    if cfg.exclude_list is not None:
+        from fasttrain.data.check import read_exclude_list
+
+        if not Path(cfg.exclude_list).is_file():
+            raise UserError(f"--exclude-list {cfg.exclude_list}: no such file")
+        exclude = read_exclude_list(cfg.exclude_list)
+    ds = scan_folder(cfg.path, exclude)
     classes = len(ds.classes)
     if num_classes is not None and num_classes < classes:
         raise UserError(
@@ -120,5 +128,6 @@ def build_data(
         val,
         num_classes or classes,
         f"{cfg.path}: {len(ds.train):,} train / {len(ds.val):,} val images, "
-        f"{classes} classes, {how}",
+        f"{classes} classes, {how}"
+        + (f"; leaving out the {len(exclude)} files in {cfg.exclude_list}" if exclude else ""),
     )

@@ -268,7 +268,8 @@ class DaliLoader:
                 split = "train" if self.train else "val"
                 raise DataError(
                     f"--loader dali: a {split} image failed to decode, and DALI does not say "
-                    "which; rerun with --loader torchvision, which skips and names bad files"
+                    "which; run `python -m fasttrain check-data DIR` once (training then leaves "
+                    "the bad files out), or use --loader torchvision, which skips them"
                 ) from None
             self.runs += 1
             x, y = self._copy_out(images, labels, i % len(self.buffers))

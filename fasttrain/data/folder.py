@@ -23,7 +23,7 @@ class FolderDataset:
     val: list[tuple[str, int]]
 
 
-def _scan_split(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
+def _scan_split(split_dir: Path, classes: list[str], exclude: set[str]) -> list[tuple[str, int]]:
     samples: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
         class_dir = split_dir / name
@@ -39,12 +39,14 @@ def _scan_split(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
                 f"--data: class folder {class_dir} holds no images "
                 f"({', '.join(IMG_EXTENSIONS)}); add images or remove the folder"
             )
-        samples.extend((f, label) for f in files)
+        samples.extend((f, label) for f in files if os.path.abspath(f) not in exclude)
     return samples
 
 
-def scan_folder(root: str | Path) -> FolderDataset:
-    """Read the class list from ``train/`` and the samples of both splits."""
+def scan_folder(root: str | Path, exclude: set[str] | None = None) -> FolderDataset:
+    """Read the class list from ``train/`` and the samples of both splits, leaving out the
+    ``exclude``d files (absolute paths, from ``check-data``)."""
+    exclude = exclude or set()
     root = Path(root)
     if not root.exists():
         raise UserError(
@@ -73,8 +75,8 @@ def scan_folder(root: str | Path) -> FolderDataset:
             f"--data {root}/val: class folders not in train/: {', '.join(extra[:5])}; "
             "val classes must be a subset of train classes"
         )
-    train = _scan_split(root / "train", classes)
-    val = _scan_split(root / "val", classes)
+    train = _scan_split(root / "train", classes, exclude)
+    val = _scan_split(root / "val", classes, exclude)
     if not val:
         raise UserError(f"--data {root}/val: no class folders with images")
     return FolderDataset(root, classes, train, val)

@@ -1,0 +1,65 @@
+"""``python -m fasttrain check-data DIR``: find the images that fail to decode, once, before a long
+run, and write the list of them that every loader then leaves out.
+
+The DALI loader needs this: DALI stops on an undecodable file and does not say which it was. (The
+torchvision loader also skips bad files as it meets them.) Each image is fully decoded with PIL in
+a process pool; a file PIL reads but DALI's decoder rejects would still stop a DALI run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from PIL import Image
+
+from fasttrain.data.folder import scan_folder
+
+
+def decode_error(path: str) -> str | None:
+    """Why ``path`` does not decode to an RGB image, or None if it does."""
+    try:
+        with Image.open(path) as im:
+            im.convert("RGB").load()
+    except Exception as e:  # PIL raises many types for bad files
+        return f"{type(e).__name__}: {e}".splitlines()[0][:200]
+    return None
+
+
+def find_bad_files(
+    root: str | Path, workers: int, progress: Callable[[int, int], None] | None = None
+) -> tuple[int, list[tuple[str, str]]]:
+    """Decode every train and val image; returns (images checked, [(path, reason)])."""
+    ds = scan_folder(root)  # the layout checks come first, with their one-line errors
+    files = [path for path, _ in ds.train + ds.val]
+    bad: list[tuple[str, str]] = []
+    with ProcessPoolExecutor(workers) as pool:
+        for i, (path, err) in enumerate(
+            zip(files, pool.map(decode_error, files, chunksize=64), strict=True)
+        ):
+            if err is not None:
+                bad.append((path, err))
+            if progress is not None and (i + 1) % 1000 == 0:
+                progress(i + 1, len(files))
+    return len(files), bad
+
+
+def write_exclude_list(path: Path, root: str | Path, bad: list[tuple[str, str]]) -> None:
+    """One absolute path per line; the reason follows as a comment line above it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"# undecodable images under {os.path.abspath(root)}, found by check-data"]
+    for p, reason in bad:
+        lines += [f"# {reason}", os.path.abspath(p)]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def read_exclude_list(path: str | Path) -> set[str]:
+    return {
+        os.path.abspath(line.strip())
+        for line in Path(path).read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
