@@ -106,3 +106,33 @@ def make_tree(root: Path, files: list[str]) -> None:
     for rel in files:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"x")
+
+
+def last_checkpoint(run_dir: Path) -> dict:
+    from fasttrain import checkpoint as ckpt
+
+    return torch.load(ckpt.list_checkpoints(run_dir)[0], weights_only=True)
+
+
+def assert_exact_resume(run: Run, common: list, tmp_path: Path, steps: int) -> None:
+    """Train ``common`` straight through, and again interrupted twice (mid-epoch 0 at step 4,
+    then at step 6) and resumed (auto, then by path); the two must end bitwise-equal."""
+    code, err = run(*common, "--output-dir", tmp_path / "whole")
+    assert code == 0, err
+    parts = tmp_path / "parts"
+    code, err = run(*common, "--output-dir", parts, "--max-steps", "4")
+    assert code == 0, err
+    code, err = run(*common, "--output-dir", parts, "--max-steps", "6", "--resume", "auto")
+    assert code == 0, err
+    assert "resumed from" in (parts / "log-rank0.txt").read_text()
+    code, err = run(*common, "--output-dir", parts, "--resume", parts / "ckpt-00000006.pt")
+    assert code == 0, err
+    whole, resumed = last_checkpoint(tmp_path / "whole"), last_checkpoint(parts)
+    assert whole["step"] == resumed["step"] == steps
+    for k, v in whole["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    for i, s in whole["optimizer"]["state"].items():
+        momentum = resumed["optimizer"]["state"][i]["momentum_buffer"]
+        assert torch.equal(s["momentum_buffer"], momentum)
+    losses = [r["loss"] for r in Run.records(tmp_path / "whole", "train")]
+    assert [r["loss"] for r in Run.records(parts, "train")] == losses

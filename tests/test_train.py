@@ -14,12 +14,9 @@ from fasttrain.data.folder import scan_folder
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.step import build_step
-from tests.conftest import FAST, train_loader
+from tests.conftest import FAST, assert_exact_resume, last_checkpoint, train_loader
 
-
-def params(run_dir):
-    path = ckpt.list_checkpoints(run_dir)[0]
-    return torch.load(path, weights_only=True)
+params = last_checkpoint
 
 
 def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
@@ -200,33 +197,8 @@ def test_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(run, tiny_data, 
         "--seed",
         "7",
     ]
-    code, err = run(*common, "--output-dir", tmp_path / "whole")
-    assert code == 0, err
-    # interrupted mid-epoch 0 (6 steps per epoch), then resumed twice: mid-epoch and at a boundary
-    code, err = run(*common, "--output-dir", tmp_path / "parts", "--max-steps", "4")
-    assert code == 0, err
-    code, err = run(
-        *common, "--output-dir", tmp_path / "parts", "--max-steps", "6", "--resume", "auto"
-    )
-    assert code == 0, err
-    assert "resumed from" in (tmp_path / "parts" / "log-rank0.txt").read_text()
-    code, err = run(
-        *common,
-        "--output-dir",
-        tmp_path / "parts",
-        "--resume",
-        tmp_path / "parts" / "ckpt-00000006.pt",
-    )
-    assert code == 0, err
-    whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
-    assert whole["step"] == parts["step"] == 12
-    for k, v in whole["model"].items():
-        assert torch.equal(v, parts["model"][k]), k
-    for i, s in whole["optimizer"]["state"].items():
-        assert torch.equal(s["momentum_buffer"], parts["optimizer"]["state"][i]["momentum_buffer"])
-    losses = [r["loss"] for r in run.records(tmp_path / "whole", "train")]
-    resumed = [r["loss"] for r in run.records(tmp_path / "parts", "train")]
-    assert resumed == losses
+    # 6 steps per epoch: step 4 is mid-epoch 0, step 6 an epoch boundary
+    assert_exact_resume(run, common, tmp_path, steps=12)
 
 
 def test_synthetic_loader_trains_without_val(run, tmp_path):

@@ -76,17 +76,22 @@ def _pipelines():
             "host_memory_padding": HOST_MEMORY_PADDING,
         }
 
-    @pipeline_def(enable_checkpointing=True)
-    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
-        jpegs, label = fn.readers.file(
+    def reader(files, labels, shard_id, num_shards, **kw):
+        """Explicit file and label lists (labels as ``scan_folder`` numbers them), sharded,
+        each shard padded to the same size with its last sample."""
+        return fn.readers.file(
             files=files,
             labels=labels,
             shard_id=shard_id,
             num_shards=num_shards,
-            shuffle_after_epoch=True,
             pad_last_batch=True,
             name=READER,
+            **kw,
         )
+
+    @pipeline_def(enable_checkpointing=True)
+    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+        jpegs, label = reader(files, labels, shard_id, num_shards, shuffle_after_epoch=True)
         images = fn.decoders.image_random_crop(
             jpegs,
             output_type=types.RGB,
@@ -108,15 +113,7 @@ def _pipelines():
 
     @pipeline_def(enable_checkpointing=True)
     def val_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
-        jpegs, label = fn.readers.file(
-            files=files,
-            labels=labels,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            stick_to_shard=True,
-            pad_last_batch=True,
-            name=READER,
-        )
+        jpegs, label = reader(files, labels, shard_id, num_shards, stick_to_shard=True)
         images = fn.decoders.image(
             jpegs, output_type=types.RGB, **decoder_args(gpu, hw_decoder_load)
         )
