@@ -442,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an image classifier (ResNet-50 by default) on an ImageNet-style JPEG "
         "folder, or on the built-in sample dataset when --data is not given. Flags override the "
         "--config recipe, which overrides the defaults. Other commands: `python -m fasttrain env` "
-        "reports hardware and software.",
+        "reports hardware and software; `python -m fasttrain check-data DIR` finds undecodable "
+        "images and writes the list training then leaves out.",
         argument_default=argparse.SUPPRESS,  # only flags actually given override the recipe
     )
     p.add_argument(

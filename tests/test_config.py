@@ -100,6 +100,7 @@ def test_help_documents_every_flag_named_as_the_references_do():
     ]:
         assert flag in text, flag
     assert "--cuda-graphs" not in text  # not built yet: no flag that would be ignored
+    assert "python -m fasttrain env" in text and "python -m fasttrain check-data DIR" in text
 
 
 @pytest.mark.parametrize(
