@@ -25,7 +25,7 @@ def rate(loader, epochs: int) -> float:
             n += x.shape[0]
         return n
 
-    one_epoch(0)  # warm-up: worker start, decoder buffers, cuDNN-free but allocator growth
+    one_epoch(0)  # warm-up: worker start-up, decoder buffers, allocator growth
     torch.cuda.synchronize()
     t = time.perf_counter()
     images = sum(one_epoch(e) for e in range(1, epochs + 1))

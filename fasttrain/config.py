@@ -546,8 +546,9 @@ def resolve(
             )
     if d.path is not None:
         d.path = str(Path(d.path).expanduser())
-        if d.exclude_list is None and default_exclude_list(d.path).is_file():
-            d.exclude_list = str(default_exclude_list(d.path))
+        found = default_exclude_list(d.path)
+        if d.exclude_list is None and found.is_file():
+            d.exclude_list = str(found)
     r = cfg.run
     if r.output_dir is None:
         r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))

@@ -102,18 +102,15 @@ def build_data(
         channels_last=channels_last,
     )
     if cfg.loader == "dali":
-        from fasttrain.data.dali import DaliLoader, require_dali
+        from fasttrain.data.dali import DaliLoader  # it says how to install DALI if it is missing
 
-        require_dali()
         dali = dict(
             threads=cfg.dali_threads,
             hw_decoder_load=cfg.dali_hw_decoder_load,
             local_rank=dist.local_rank,
             **common,
         )
-        train = DaliLoader(
-            ds.train, train=True, buffers=accum_steps, state=loader_state or None, **dali
-        )
+        train = DaliLoader(ds.train, train=True, buffers=accum_steps, state=loader_state, **dali)
         val = DaliLoader(ds.val, train=False, **dali)
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
