@@ -23,6 +23,9 @@ import yaml
 from fasttrain.errors import UserError
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+# inductor settings --compile uses unless --inductor-options says otherwise (BENCHMARKS.md)
+INDUCTOR_DEFAULTS: tuple[str, ...] = ()
 
 
 @dataclass
@@ -66,6 +69,9 @@ class TrainConfig:
     accum_steps: int = 1
     amp: str | None = None  # None: bf16 on a GPU, off on the CPU
     compile: bool = False
+    compile_mode: str = "default"
+    inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
+    cuda_graphs: bool = False
     device: str = "auto"
     seed: int = 0
 
@@ -317,6 +323,31 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--compile", "train.compile", bool, "torch.compile the model for training and evaluation"
     ),
+    Option(
+        "--compile-mode",
+        "train.compile_mode",
+        str,
+        "torch.compile mode; the modes that capture CUDA graphs of their own (reduce-overhead, "
+        "max-autotune) cannot be combined with --cuda-graphs",
+        choices=COMPILE_MODES,
+    ),
+    Option(
+        "--inductor-options",
+        "train.inductor_options",
+        str,
+        "comma-separated inductor settings for --compile, NAME or NAME=VALUE (torch._inductor."
+        "config), e.g. conv_1x1_as_mm,coordinate_descent_tuning; 'none' for none (default: "
+        f"{','.join(INDUCTOR_DEFAULTS) or 'none'}, the fastest measured on an H200: "
+        "BENCHMARKS.md)",
+        nullable=True,
+    ),
+    Option(
+        "--cuda-graphs",
+        "train.cuda_graphs",
+        bool,
+        "capture the whole training step (forward, backward, optimizer, LR, metrics) in one CUDA "
+        "graph and replay it: the host launches one graph per step; with --compile or without",
+    ),
     Option("--device", "train.device", str, "device to train on", choices=("auto", "cuda", "cpu")),
     Option("--seed", "train.seed", int, "seed for initialisation, shuffling and augmentation"),
     # run control
@@ -532,6 +563,7 @@ def resolve(
     if cfg.data.workers is None:
         cpus = cpu_count or len(os.sched_getaffinity(0))
         cfg.data.workers = min(16, cpus)
+    _resolve_compile(t, notes)
     d = cfg.data
     if d.loader == "auto":
         if dali_available is None:
@@ -553,6 +585,70 @@ def resolve(
     if r.output_dir is None:
         r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
     return cfg
+
+
+def _resolve_compile(t: TrainConfig, notes: list[str] | None) -> None:
+    """Check the compile and graph settings together; fill the inductor default."""
+    if not t.compile:
+        if t.compile_mode != "default":
+            raise UserError(f"--compile-mode {t.compile_mode}: add --compile to use it")
+        if t.inductor_options not in (None, "", "none"):
+            raise UserError(f"--inductor-options {t.inductor_options}: add --compile to use it")
+        t.inductor_options = None
+    elif t.inductor_options is None:
+        t.inductor_options = ",".join(INDUCTOR_DEFAULTS) or "none"
+    if t.compile:
+        inductor_options(t.inductor_options)  # a bad name or value fails now, not mid-compile
+    if t.cuda_graphs and t.device != "cuda":
+        t.cuda_graphs = False
+        if notes is not None:
+            notes.append("--cuda-graphs needs a CUDA GPU: training without CUDA graphs")
+    if t.cuda_graphs and t.compile and t.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise UserError(
+            f"--compile-mode {t.compile_mode} captures CUDA graphs of its own, which cannot nest "
+            "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
+            "or default with --cuda-graphs"
+        )
+
+
+def inductor_options(text: str | None) -> dict[str, Any]:
+    """Parse ``NAME[=VALUE],...`` against torch._inductor.config; a bare NAME means True."""
+    if text in (None, "", "none"):
+        return {}
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    items: list[str] = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        # a string setting's value may hold commas itself (max_autotune_gemm_backends=ATEN,TRITON)
+        if items and "=" not in item and item not in known and "=" in items[-1]:
+            items[-1] += "," + item
+        else:
+            items.append(item)
+    options: dict[str, Any] = {}
+    for item in items:
+        name, _, raw = item.partition("=")
+        name = name.strip()
+        if name not in known:
+            raise UserError(
+                f"--inductor-options: {name!r} is not a torch._inductor.config setting "
+                "(e.g. conv_1x1_as_mm, coordinate_descent_tuning, max_autotune)"
+            )
+        if not raw:
+            options[name] = True
+            continue
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        default = known[name]
+        if default is not None and not isinstance(value, type(default)):
+            raise UserError(
+                f"--inductor-options: {name}={raw} should be a {type(default).__name__} "
+                f"like its default {default!r}"
+            )
+        options[name] = value
+    return options
 
 
 def save_resolved(cfg: Config, path: Path) -> None:

@@ -7,31 +7,80 @@ The counts cross to the host once, at the end.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
+from fasttrain.step import blame
+
+log = logging.getLogger("fasttrain")
+
 
 class Evaluator:
+    """Eval-mode forward passes, compiled apart from training and optionally CUDA-graphed.
+
+    Eval mode (BN running statistics) is another graph; compiling and capturing it apart leaves
+    the training graph untouched, so switching between the two never recaptures either.
+    """
+
     def __init__(
-        self, model: nn.Module, amp_dtype: torch.dtype | None, compile: bool, batch_size: int
+        self,
+        model: nn.Module,
+        amp_dtype: torch.dtype | None,
+        compile: bool,
+        batch_size: int,
+        *,
+        compile_options: dict[str, Any] | None = None,
+        cuda_graphs: bool = False,
     ):
         self.model = model
         self.amp_dtype = amp_dtype
         self.batch_size = batch_size
         self.device_type = next(model.parameters()).device.type
-        # a separate compiled function: eval mode (BN statistics) is another graph, and compiling
-        # it apart leaves the training graph untouched
-        self.logits = torch.compile(self._logits, dynamic=False) if compile else self._logits
+        self.logits = self._logits
+        if compile:
+            self.logits = torch.compile(self._logits, dynamic=False, **(compile_options or {}))
+        self.cuda_graphs = cuda_graphs and self.device_type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in: torch.Tensor | None = None
+        self.static_out: torch.Tensor | None = None
 
     def _logits(self, images: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(
-            self.device_type,
-            dtype=self.amp_dtype or torch.float32,
-            enabled=self.amp_dtype is not None,
-        ):
+        dtype = self.amp_dtype or torch.float32
+        if images.dtype != dtype:  # DALI hands over fp16
+            images = images.to(dtype)
+        with torch.autocast(self.device_type, dtype=dtype, enabled=self.amp_dtype is not None):
             return self.model(images)
+
+    def _graphed_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Replay the captured eval forward; capture it (after two warm-up calls) on first use."""
+        if self.graph is None:
+            self.static_in = images.clone(memory_format=torch.preserve_format)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.logits(self.static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.current_stream()
+            try:
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    self.static_out = self.logits(self.static_in)
+            except Exception as e:
+                torch.cuda.set_stream(stream)
+                self.cuda_graphs = False
+                log.warning(
+                    "--cuda-graphs: capturing eval failed, so it runs ungraphed: %s", blame(e)
+                )
+                return self.logits(images)
+            self.graph = graph
+        self.static_in.copy_(images)
+        self.graph.replay()
+        return self.static_out
 
     @torch.no_grad()
     def __call__(self, loader: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -52,7 +101,7 @@ class Evaluator:
                         0, torch.arange(n, device=images.device), images
                     )
                     labels = torch.cat([labels, labels.new_full((self.batch_size - n,), -1)])
-                logits = self.logits(images)
+                logits = (self._graphed_logits if self.cuda_graphs else self.logits)(images)
                 k = min(5, logits.shape[1])
                 hits = logits.topk(k, dim=1).indices == labels[:, None]
                 batch_counts = torch.stack(

@@ -27,9 +27,10 @@ class DeviceMeter:
         self.sums = torch.zeros(2, device=device)
         self.samples = 0  # known on the host: no need to count it on the device
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+    def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+        """Accumulate in place on the device (a CUDA graph can record this); the caller adds
+        the ``n`` samples to ``samples`` on the host, once per step actually run."""
         self.sums += torch.stack((loss.float() * n, correct.float()))
-        self.samples += n
 
     def flush(self) -> tuple[float, float, int]:
         """(mean loss, top-1 %, samples) since the last flush. Synchronises with the device."""

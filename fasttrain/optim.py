@@ -1,8 +1,13 @@
 """SGD with momentum, and the LR schedule as a pure function of the optimizer step.
 
-The schedule is computed on the host from an integer step counter and written into the param
-groups as a Python float, so applying it never reads the device (no host sync). The CUDA-graph step
-moves the LR into a device tensor so a change of LR never triggers a recapture.
+The schedule has two forms that tests hold equal: ``lr_at`` on the host (eager and compiled steps
+write it into the param groups as a Python float, which never reads the device), and ``lr_tensor``
+on the device, which the CUDA-graph step computes inside the graph from a device step counter, so
+the LR changes every replay without a recapture or a host write.
+
+The optimizer is torch's fused SGD (one kernel for every parameter of a device and dtype): it
+takes the LR as a device tensor, and GradScaler hands it the inf check as a tensor, so both fit in
+a CUDA graph with no host sync.
 """
 
 from __future__ import annotations
@@ -37,6 +42,19 @@ class Schedule:
         progress = min(1.0, (step - self.warmup_steps) / span)
         return 0.5 * self.peak_lr * (1 + math.cos(math.pi * progress))
 
+    def lr_tensor(self, step: torch.Tensor) -> torch.Tensor:
+        """``lr_at`` as device ops on a 0-d int64 step tensor: capturable, no host reads."""
+        s = step.to(torch.float64)
+        warm = self.peak_lr * (s + 1) / max(self.warmup_steps, 1)
+        if self.kind == "step":
+            decays = torch.div(step, self.steps_per_epoch * self.step_epochs, rounding_mode="floor")
+            after = self.peak_lr * torch.pow(torch.full_like(s, self.gamma), decays.to(s.dtype))
+        else:
+            span = max(1, self.total_steps - self.warmup_steps)
+            progress = ((s - self.warmup_steps) / span).clamp(max=1.0)
+            after = 0.5 * self.peak_lr * (1 + torch.cos(math.pi * progress))
+        return torch.where(step < self.warmup_steps, warm, after).to(torch.float32)
+
 
 def build_schedule(
     cfg: OptimConfig, global_batch: int, steps_per_epoch: int, epochs: int
@@ -54,7 +72,7 @@ def build_schedule(
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, initial_lr: float) -> torch.optim.SGD:
     groups = param_groups(model, cfg.weight_decay, cfg.bn_weight_decay)
-    return torch.optim.SGD(groups, lr=initial_lr, momentum=cfg.momentum)
+    return torch.optim.SGD(groups, lr=initial_lr, momentum=cfg.momentum, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -3,26 +3,38 @@
 - ``EagerStep``: the simple reference.
 - ``CompiledStep``: the same step with forward + loss compiled by ``torch.compile`` (the backward is
   compiled through AOTAutograd). Tests hold it to the eager step.
-The whole-step CUDA graph comes with ``--cuda-graphs`` (its own issue) and plugs in here.
+- ``GraphedStep`` (``--cuda-graphs``): the whole steady-state step of either of them, captured once
+  in a CUDA graph and replayed: forward, loss, backward, optimizer, the LR from a device step
+  counter, and the metric accumulators. Tests hold it to the eager step on the GPU.
 
 Nothing here reads a device value on the host: loss and accuracy go into device accumulators
-(``metrics.DeviceMeter``) that are read only at log steps. The one exception is fp16's GradScaler,
-whose ``step`` checks for inf/NaN on the host every step; bf16 needs no scaler.
+(``metrics.DeviceMeter``) that are read only at log steps. fp16's GradScaler hands the fused
+optimizer its inf check as a device tensor, so it needs no host read either.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from fasttrain.metrics import DeviceMeter
+from fasttrain.optim import Schedule, set_lr
 
+log = logging.getLogger("fasttrain")
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class EagerStep:
+    """The reference step; ``__call__(batches, meter, step)`` trains one optimizer step."""
+
+    description = "eager"
+
     def __init__(
         self,
         model: nn.Module,
@@ -30,18 +42,25 @@ class EagerStep:
         criterion: nn.Module,
         amp_dtype: torch.dtype | None,
         scaler: torch.amp.GradScaler | None,
+        schedule: Schedule,
     ):
         self.model = model
         self.optimizer = optimizer
         self.criterion = criterion
         self.amp_dtype = amp_dtype
         self.scaler = scaler
+        self.schedule = schedule
+        self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
 
     def _forward(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # loaders may hand over another float type (DALI's fp16 buffers): cast here, where a
+        # compiled or graphed step folds it into the step instead of a separate pass
+        if images.dtype != self.input_dtype:
+            images = images.to(self.input_dtype)
         with torch.autocast(
             self.device_type,
             dtype=self.amp_dtype or torch.float32,
@@ -52,40 +71,188 @@ class EagerStep:
         correct = (logits.argmax(dim=1) == labels).sum()
         return loss, correct
 
-    def __call__(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
-        for images, labels in batches:
-            loss, correct = self.forward(images, labels)
-            scaled = loss / len(batches)
-            if self.scaler is not None:
-                self.scaler.scale(scaled).backward()
-            else:
-                scaled.backward()
-            meter.add(loss.detach(), correct, images.shape[0])
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _optimizer_step(self) -> None:
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+
+    def _micro_steps(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
+        """Forward and backward of every micro-batch, gradients summed; metrics on the device."""
+        for images, labels in batches:
+            loss, correct = self.forward(images, labels)
+            self._backward(loss / len(batches))
+            meter.add_device(loss.detach(), correct, images.shape[0])
+
+    def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
+        set_lr(self.optimizer, self.schedule.lr_at(step))  # a host float: no device access
+        self._micro_steps(batches, meter)
+        self._optimizer_step()
+        meter.samples += sum(images.shape[0] for images, _ in batches)
         # set to None: backward then hands over fresh gradients instead of adding into zeroed ones,
-        # one kernel fewer per parameter (measured +1.6% eager on an H200, bench/eager_overhead.py).
-        # The CUDA-graph step will zero in place instead, since it needs fixed gradient addresses.
+        # one kernel fewer per parameter (measured +1.6% eager on an H200, bench/eager_overhead.py)
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def compile_kwargs(mode: str, options: dict[str, Any]) -> dict[str, Any]:
+    """torch.compile's arguments. It takes a mode or options, not both, so a mode with extra
+    inductor options becomes the mode's own options plus those."""
+    if not options:
+        return {} if mode == "default" else {"mode": mode}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode), **options}}
+
+
 class CompiledStep(EagerStep):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, compile_options: dict[str, Any] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.description = "compiled"
         # dynamic=False: the train loader's shapes never change, so never trace a dynamic graph
-        self.forward = torch.compile(self._forward, dynamic=False)
+        self.forward = torch.compile(self._forward, dynamic=False, **(compile_options or {}))
+
+
+class GraphedStep:
+    """The whole step of ``base`` in one CUDA graph, captured after ``warmup`` ordinary steps.
+
+    - **Warm-up:** the first ``warmup`` steps run ``base``'s work on a side stream (compile,
+      cuDNN autotuning, lazy state such as momentum buffers and, under DDP, the reducer's
+      buckets); they are real training steps. Then step ``warmup`` is captured and replayed.
+    - **Inputs:** the graph reads the batch tensors it was captured with. A loader that refills
+      fixed buffers (DALI, synthetic) hands over those very tensors, so a replay copies nothing;
+      any other batch is copied into them first.
+    - **Gradients:** they are None at capture, so the captured backward writes them (it does not
+      add into them) at fixed addresses in the graph's memory pool: zeroing is part of the
+      graph at no cost. Nothing may run a backward outside the graph afterwards.
+    - **LR:** computed in the graph by ``Schedule.lr_tensor`` from a device step counter that
+      the graph increments, into the tensor the fused optimizer reads.
+    - **Failure:** if capture fails, the warning names the op that broke it, and training goes on
+      with ``base``, ungraphed.
+    """
+
+    def __init__(self, base: EagerStep, warmup: int = 3):
+        self.base = base
+        self.description = f"{base.description} + CUDA graph"
+        self.warmup = warmup
+        device = next(base.model.parameters()).device
+        self.step_t = torch.zeros((), dtype=torch.int64, device=device)
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: list[Batch] = []
+        self.warmed = 0
+        self.failed = False
+        self.capture_s: float | None = None
+        self.meter: DeviceMeter | None = None
+
+    def _body(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
+        """One step as device work only: what warm-up runs and capture records."""
+        self.lr.copy_(self.base.schedule.lr_tensor(self.step_t))
+        self.base._micro_steps(batches, meter)
+        self.base._optimizer_step()
+        self.step_t += 1
+
+    def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
+        if self.failed:
+            return self.base(batches, meter, step)
+        if self.graph is None:
+            if self.warmed == 0:  # the optimizer reads its LR from the device from now on
+                self.step_t.fill_(step)
+                set_lr(self.base.optimizer, self.lr)  # type: ignore[arg-type]
+            if self.warmed < self.warmup:
+                self._warm_up(batches, meter)
+                return
+            if not self._capture(batches, meter):
+                return self.base(batches, meter, step)
+        if meter is not self.meter:
+            raise RuntimeError("the graphed step adds into the DeviceMeter it was captured with")
+        for (x, y), (sx, sy) in zip(batches, self.static, strict=True):
+            _into(sx, x)
+            _into(sy, y)
+        self.graph.replay()
+        meter.samples += sum(images.shape[0] for images, _ in batches)
+
+    def _warm_up(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._body(batches, meter)
+            self.base.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.current_stream().wait_stream(side)
+        meter.samples += sum(images.shape[0] for images, _ in batches)
+        self.warmed += 1
+
+    def _capture(self, batches: Sequence[Batch], meter: DeviceMeter) -> bool:
+        """Record one step (it does not run it). False, with a warning, if capture failed."""
+        self.base.optimizer.zero_grad(set_to_none=True)
+        self.static = list(batches)
+        self.meter = meter
+        stream = torch.cuda.current_stream()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: DALI's worker threads keep using CUDA while this thread captures
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._body(self.static, meter)
+        except Exception as e:
+            torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
+            self.failed = True
+            self.static = []
+            self.base.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            log.warning(
+                "--cuda-graphs: capturing the training step failed, so it runs without a CUDA "
+                "graph (%s). The op that broke capture: %s",
+                self.base.description,
+                blame(e),
+            )
+            return False
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+        self.graph = graph
+        log.info("captured the training step in a CUDA graph in %.2f s", self.capture_s)
+        return True
+
+
+def _into(static: torch.Tensor, batch: torch.Tensor) -> None:
+    """Make ``static`` hold ``batch``: nothing to do when the loader filled it in place."""
+    if batch.data_ptr() != static.data_ptr() or batch.stride() != static.stride():
+        static.copy_(batch, non_blocking=True)
+
+
+def blame(e: BaseException) -> str:
+    """The first failure in ``e``'s chain and the innermost source line that raised it."""
+    root = e
+    while root.__context__ is not None and root.__context__ is not root:
+        root = root.__context__
+    frames = traceback.extract_tb(root.__traceback__)
+    message = (str(root).strip().splitlines() or [""])[0]
+    if not frames:
+        return f"{type(root).__name__}: {message}"
+    f = frames[-1]
+    return f"{type(root).__name__}: {message} at {f.filename}:{f.lineno} ({f.name}: {f.line})"
 
 
 def build_step(
-    compile: bool,
+    *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     criterion: nn.Module,
     amp_dtype: torch.dtype | None,
     scaler: torch.amp.GradScaler | None,
-) -> EagerStep:
-    cls = CompiledStep if compile else EagerStep
-    return cls(model, optimizer, criterion, amp_dtype, scaler)
+    schedule: Schedule,
+    compile: bool,
+    compile_options: dict[str, Any] | None = None,
+    cuda_graphs: bool = False,
+    graph_warmup: int = 3,
+) -> EagerStep | GraphedStep:
+    args = (model, optimizer, criterion, amp_dtype, scaler, schedule)
+    base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
+    return GraphedStep(base, warmup=graph_warmup) if cuda_graphs else base

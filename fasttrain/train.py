@@ -17,16 +17,16 @@ import torch
 from torch import nn
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config
+from fasttrain.config import Config, inductor_options
 from fasttrain.data import build_data
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.model import build_model
-from fasttrain.optim import build_optimizer, build_schedule, set_lr
+from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
-from fasttrain.step import build_step
+from fasttrain.step import build_step, compile_kwargs
 
 log = logging.getLogger("fasttrain")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
@@ -76,9 +76,27 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0))
     scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
-    train_step = build_step(t.compile, model, optimizer, criterion, amp_dtype, scaler)
+    compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
+    train_step = build_step(
+        model=model,
+        optimizer=optimizer,
+        criterion=criterion,
+        amp_dtype=amp_dtype,
+        scaler=scaler,
+        schedule=schedule,
+        compile=t.compile,
+        compile_options=compile_options,
+        cuda_graphs=t.cuda_graphs,
+    )
     evaluator = (
-        Evaluator(model, amp_dtype, t.compile, t.batch_size)
+        Evaluator(
+            model,
+            amp_dtype,
+            t.compile,
+            t.batch_size,
+            compile_options=compile_options,
+            cuda_graphs=t.cuda_graphs,
+        )
         if data.val is not None and r.eval_every > 0
         else None
     )
@@ -93,11 +111,11 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         data.description,
     )
     log.info(
-        "device %s, amp %s, compile %s | global batch %d (%d per process x %d process(es) "
+        "device %s, amp %s, step %s | global batch %d (%d per process x %d process(es) "
         "x %d accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
-        t.compile,
+        train_step.description,
         global_batch,
         t.batch_size,
         dist.world_size,
@@ -156,18 +174,22 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 t_wait = time.perf_counter()
                 batches = [next(batches_iter) for _ in range(t.accum_steps)]
                 data_wait = time.perf_counter() - t_wait
-                lr = schedule.lr_at(step)
-                set_lr(optimizer, lr)
-                train_step(batches, meter)
+                lr = schedule.lr_at(step)  # for the log; the step sets (or computes) its own
+                t_step = time.perf_counter()
+                train_step(batches, meter, step)
                 step += 1
                 metrics.step_done(global_batch, data_wait)
                 if first_step:  # a one-off sync, to report start-up cost; not the steady state
                     first_step = False
                     _sync(dist.device)
-                    summary["time_to_first_step_s"] = time.perf_counter() - t_start
+                    now = time.perf_counter()
+                    summary["time_to_first_step_s"] = now - t_start
+                    summary["first_step_s"] = now - t_step  # compile and autotuning, if any
                     log.info(
-                        "first step done %.1f s after start (includes any compile)",
+                        "first step done %.1f s after start; the step itself took %.1f s "
+                        "(compile and autotuning, if any)",
                         summary["time_to_first_step_s"],
+                        summary["first_step_s"],
                     )
                     metrics.restart_interval()
                 if step % r.log_every == 0:
@@ -201,6 +223,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / dist.world_size,
             "peak_mem_gib": peak_memory_gib(dist.device),
             "wall_s": time.perf_counter() - t_start,
+            "capture_s": getattr(train_step, "capture_s", None),
             "val": last_eval,
         }
     )
@@ -232,7 +255,7 @@ def _save(
     epoch, in_epoch = divmod(step, steps_per_epoch)
     state = {
         "model": model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
-        "optimizer": optimizer.state_dict(),
+        "optimizer": _optimizer_state(optimizer),
         "scaler": scaler.state_dict() if scaler is not None else None,
         "step": step,
         "epoch": epoch,
@@ -243,6 +266,16 @@ def _save(
     }
     path = ckpt.save_checkpoint(state, run_dir, step, keep)
     log.debug("saved %s", path)
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state with the LR as a float: the graphed step keeps it in a device
+    tensor, and a checkpoint should resume the same under any step."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:  # state_dict() copies each group: the optimizer keeps its
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
 
 
 def _find_resume(cfg: Config) -> tuple[str, dict[str, Any]] | None:

@@ -136,3 +136,18 @@ def assert_exact_resume(run: Run, common: list, tmp_path: Path, steps: int) -> N
         assert torch.equal(s["momentum_buffer"], momentum)
     losses = [r["loss"] for r in Run.records(tmp_path / "whole", "train")]
     assert [r["loss"] for r in Run.records(parts, "train")] == losses
+
+
+def constant_lr(lr: float):
+    """A schedule that holds ``lr`` at every step, for step-level tests."""
+    from fasttrain.optim import Schedule
+
+    return Schedule(
+        peak_lr=lr,
+        steps_per_epoch=10**6,
+        total_steps=10**6,
+        warmup_steps=0,
+        kind="step",
+        step_epochs=10**6,
+        gamma=0.1,
+    )

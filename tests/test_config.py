@@ -5,17 +5,20 @@ import pytest
 import yaml
 
 from fasttrain.config import (
+    INDUCTOR_DEFAULTS,
     OPTIONS,
     SECTIONS,
     Config,
     build_parser,
     config_dir,
+    inductor_options,
     load_yaml,
     parse_args,
     resolve,
     save_resolved,
 )
 from fasttrain.errors import UserError
+from fasttrain.step import compile_kwargs
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -91,6 +94,9 @@ def test_help_documents_every_flag_named_as_the_references_do():
         "--channels-last",
         "--no-channels-last",
         "--compile",
+        "--compile-mode",
+        "--inductor-options",
+        "--cuda-graphs",
         "--output-dir",
         "--resume",
         "--seed",
@@ -99,7 +105,6 @@ def test_help_documents_every_flag_named_as_the_references_do():
         "--ckpt-every-steps",
     ]:
         assert flag in text, flag
-    assert "--cuda-graphs" not in text  # not built yet: no flag that would be ignored
     flat = " ".join(text.split())  # argparse wraps the description
     assert "python -m fasttrain env" in flat and "python -m fasttrain check-data DIR" in flat
 
@@ -209,3 +214,47 @@ def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot():
 def test_hw_decoder_load_is_a_fraction(tmp_path):
     with pytest.raises(UserError, match="--dali-hw-decoder-load must be at most 1"):
         parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)
+
+
+def _resolved(*flags, cuda=True, notes=None):
+    return resolve(parse_args(["--data", "/d", *flags], cuda)[0], cuda, notes=notes)
+
+
+def test_compile_settings_are_checked_together():
+    t = _resolved(
+        "--compile", "--inductor-options", "conv_1x1_as_mm,max_autotune_gemm_backends=ATEN,TRITON"
+    ).train
+    assert inductor_options(t.inductor_options) == {
+        "conv_1x1_as_mm": True,
+        "max_autotune_gemm_backends": "ATEN,TRITON",
+    }
+    default = _resolved("--compile").train.inductor_options
+    assert inductor_options(default) == dict.fromkeys(INDUCTOR_DEFAULTS, True)
+    assert _resolved().train.inductor_options is None  # nothing to compile, nothing claimed
+    for flags, message in [
+        (["--compile-mode", "max-autotune-no-cudagraphs"], "add --compile"),
+        (["--inductor-options", "conv_1x1_as_mm"], "add --compile"),
+        (["--compile", "--inductor-options", "conv_1x1_as_nn"], "'conv_1x1_as_nn' is not"),
+        (["--compile", "--inductor-options", "conv_1x1_as_mm=7"], "should be a bool"),
+        (["--compile", "--cuda-graphs", "--compile-mode", "reduce-overhead"], "cannot nest"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            _resolved(*flags)
+
+
+def test_cuda_graphs_on_the_cpu_warns_once_and_trains_without():
+    notes = []
+    cfg = _resolved("--cuda-graphs", cuda=False, notes=notes)
+    assert cfg.train.cuda_graphs is False  # the saved config says what actually ran
+    assert notes == ["--cuda-graphs needs a CUDA GPU: training without CUDA graphs"]
+    assert _resolved("--cuda-graphs", "--compile").train.cuda_graphs is True
+
+
+def test_compile_kwargs_merge_a_mode_with_options():
+    assert compile_kwargs("default", {}) == {}
+    assert compile_kwargs("max-autotune-no-cudagraphs", {}) == {
+        "mode": "max-autotune-no-cudagraphs"
+    }
+    merged = compile_kwargs("max-autotune-no-cudagraphs", {"conv_1x1_as_mm": True})
+    assert merged["options"]["max_autotune"] is True and merged["options"]["conv_1x1_as_mm"]
+    assert merged["options"].get("triton.cudagraphs", False) is False

@@ -23,7 +23,6 @@ def loader(samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, **kw)
         world=world,
         local_rank=0,
         device=torch.device("cpu"),
-        dtype=torch.float16,
         channels_last=True,
         **kw,
     )

@@ -117,7 +117,7 @@ def test_multi_process_launch_is_refused_not_ignored(run, tiny_data, monkeypatch
 
 
 def test_out_of_memory_names_the_batch_and_what_to_do(run, tiny_data, tmp_path, monkeypatch):
-    def oom(self, batches, meter):
+    def oom(self, batches, meter, step):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(EagerStep, "__call__", oom)

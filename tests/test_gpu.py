@@ -1,4 +1,7 @@
-"""GPU-only checks (skipped without CUDA): no host syncs on non-log steps, on the real step code."""
+"""GPU-only checks (skipped without CUDA): the graphed and compiled steps against eager, host
+syncs in the steady state, capture fallback, and graphed eval."""
+
+import logging
 
 import pytest
 import torch
@@ -6,51 +9,201 @@ from torch import nn
 
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
-from fasttrain.data.synthetic import SyntheticLoader
+from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
-from fasttrain.optim import build_optimizer, build_schedule, set_lr
-from fasttrain.step import build_step
+from fasttrain.optim import build_optimizer, build_schedule
+from fasttrain.step import GraphedStep, build_step
 from tests.conftest import train_loader
 
 pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda") if torch.cuda.is_available() else None
+BATCH, SIZE, CLASSES = 32, 64, 10
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_steady_state_steps_do_not_sync(compile):
-    device = torch.device("cuda")
-    torch.backends.cudnn.benchmark = True
-    model = build_model("resnet18", 10, channels_last=True, device=device)
-    schedule = build_schedule(OptimConfig(warmup_epochs=1, lr_schedule="cosine"), 32, 10, 3)
+@pytest.fixture(autouse=True)
+def _deterministic_cudnn():
+    """Same algorithms in every variant, so the only differences are the step's own."""
+    old = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = old
+
+
+def batches(n: int, dtype=torch.bfloat16, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randn(BATCH, 3, SIZE, SIZE, generator=g).to(DEV, dtype)
+        y = torch.randint(0, CLASSES, (BATCH,), generator=g).to(DEV)
+        out.append((x.contiguous(memory_format=torch.channels_last), y))
+    return out
+
+
+def make(kind: str, amp=torch.bfloat16, accum: int = 1, criterion: nn.Module | None = None):
+    """A fresh resnet18 (same seed: same weights) with the step ``kind`` names."""
+    torch.manual_seed(0)
+    model = build_model("resnet18", CLASSES, True, DEV)
+    schedule = build_schedule(
+        OptimConfig(warmup_epochs=0.5, lr_schedule="cosine"), BATCH * accum, 20, 2
+    )
     optimizer = build_optimizer(model, OptimConfig(), schedule.lr_at(0))
     step = build_step(
-        compile, model, optimizer, nn.CrossEntropyLoss(label_smoothing=0.1), torch.bfloat16, None
+        model=model,
+        optimizer=optimizer,
+        criterion=criterion or nn.CrossEntropyLoss(label_smoothing=0.1),
+        amp_dtype=amp,
+        scaler=torch.amp.GradScaler("cuda") if amp == torch.float16 else None,
+        schedule=schedule,
+        compile="compiled" in kind,
+        cuda_graphs="graph" in kind,
     )
-    loader = SyntheticLoader(
-        batch_size=32,
-        image_size=64,
-        num_classes=10,
-        steps=30,
-        device=device,
-        dtype=torch.bfloat16,
-        channels_last=True,
-        seed=0,
-    )
-    meter = DeviceMeter(device)
-    batches = iter(loader)
-    for i in range(3):  # warm-up: compile, cuDNN autotuning, allocator growth
-        set_lr(optimizer, schedule.lr_at(i))
-        step([next(batches)], meter)
+    return model, step
+
+
+def train(step, data, accum: int = 1, meter=None, first: int = 0) -> list[float]:
+    """Run one step per ``accum`` batches; the loss of each step (a sync per step: test only)."""
+    meter = meter or DeviceMeter(DEV)
+    losses = []
+    for i in range(0, len(data), accum):
+        step(data[i : i + accum], meter, first + i // accum)
+        losses.append(meter.flush()[0])
+    return losses
+
+
+def flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (torch.norm(a - b) / torch.norm(b)).item()
+
+
+@pytest.mark.parametrize("kind", ["eager+graph", "compiled", "compiled+graph"])
+def test_step_matches_eager_over_24_steps(kind):
+    """Free-running for 24 steps from the same weights on the same batches, bf16: every loss and
+    the total parameter update agree with eager's within bf16 tolerance."""
+    data = batches(24)
+    start = flat(make("eager")[0])
+    ref_model, ref_step = make("eager")
+    ref_losses = train(ref_step, data)
+    model, step = make(kind)
+    losses = train(step, data)
+    if "graph" in kind:
+        assert isinstance(step, GraphedStep) and step.graph is not None and not step.failed
+        assert int(step.step_t) == 24  # the device counter the LR is computed from
+        assert step.lr.item() == pytest.approx(step.base.schedule.lr_at(23), rel=1e-6)
+    diffs = [abs(a - b) / b for a, b in zip(losses, ref_losses, strict=True)]
+    update = rel(flat(model) - start, flat(ref_model) - start)
+    print(f"{kind}: max loss diff {max(diffs):.2e}, update diff {update:.2e}")
+    assert ref_losses[-1] < ref_losses[0]  # it learns, so the comparison means something
+    assert max(diffs) < 2e-2, diffs
+    assert update < 5e-2
+
+
+def test_graphed_replays_read_fixed_loader_buffers_without_a_copy():
+    """A loader that refills the same tensors (DALI, synthetic) is read in place; the result is
+    the same as handing over new tensors, which the step copies in."""
+    data = batches(8)
+    buf_x, buf_y = torch.empty_like(data[0][0]), torch.empty_like(data[0][1])
+    model_a, step_a = make("eager+graph")
+    meter = DeviceMeter(DEV)
+    for i, (x, y) in enumerate(data):
+        buf_x.copy_(x)
+        buf_y.copy_(y)
+        step_a([(buf_x, buf_y)], meter, i)
+    assert step_a.static[0][0] is buf_x and step_a.static[0][1] is buf_y
+    model_b, step_b = make("eager+graph")
+    train(step_b, data)
+    assert rel(flat(model_a), flat(model_b)) < 1e-5
+
+
+def test_accumulation_is_captured_with_the_update():
+    data = batches(16)
+    ref_model, ref_step = make("eager", accum=2)
+    ref_losses = train(ref_step, data, accum=2)
+    model, step = make("eager+graph", accum=2)
+    losses = train(step, data, accum=2)
+    assert step.graph is not None and len(step.static) == 2
+    assert losses == pytest.approx(ref_losses, rel=2e-2)
+    start = flat(make("eager")[0])
+    assert rel(flat(model) - start, flat(ref_model) - start) < 5e-2
+
+
+def test_fp16_grad_scaler_is_captured():
+    """fp16: GradScaler hands the fused SGD its inf check as a tensor, so the step captures."""
+    data = batches(12, dtype=torch.float16)
+    _ref_model, ref_step = make("eager", amp=torch.float16)
+    ref_losses = train(ref_step, data)
+    _model, step = make("eager+graph", amp=torch.float16)
+    losses = train(step, data)
+    assert step.graph is not None and not step.failed
+    assert losses == pytest.approx(ref_losses, rel=2e-2)
+    assert step.base.scaler.get_scale() == ref_step.scaler.get_scale()
+
+
+class SyncingLoss(nn.CrossEntropyLoss):
+    def forward(self, logits, labels):
+        loss = super().forward(logits, labels)
+        if loss.item() < 0:  # a host read: not capturable
+            raise AssertionError("unreachable")
+        return loss
+
+
+def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
+    data = batches(6)
+    _model, step = make("eager+graph", criterion=SyncingLoss())
+    with caplog.at_level(logging.WARNING, logger="fasttrain"):
+        losses = train(step, data)
+    assert step.failed and step.graph is None
+    warning = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "capturing the training step failed" in warning
+    assert "test_gpu.py" in warning and "loss.item()" in warning, warning
+    _ref_model, ref_step = make("eager", criterion=SyncingLoss())
+    assert losses == pytest.approx(train(ref_step, data), rel=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled", "eager+graph", "compiled+graph"])
+def test_steady_state_steps_do_not_sync(kind):
+    """Between two log steps, the loop's per-step work never waits on the device."""
+    torch.backends.cudnn.benchmark = True
+    _model, step = make(kind)
+    data = batches(4)
+    meter = DeviceMeter(DEV)
+    for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth
+        step([data[i % 4]], meter, i)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for i in range(3, 23):  # the loop's per-step work between two log steps
-            set_lr(optimizer, schedule.lr_at(i))
-            step([next(batches)], meter)
+        for i in range(5, 25):
+            step([data[i % 4]], meter, i)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     loss, top1, n = meter.flush()  # the log step: the one sync
-    assert n == 23 * 32 and loss == loss and 0 <= top1 <= 100
+    assert n == 25 * BATCH and loss == loss and 0 <= top1 <= 100
+
+
+def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():
+    data = batches(6)
+    model, step = make("eager+graph")
+    meter = DeviceMeter(DEV)
+    train(step, data[:4], meter=meter)
+    graph = step.graph
+    val = batches(3, seed=1)
+    val[-1] = (val[-1][0][:20], val[-1][1][:20])  # a partial last batch, padded to the shape
+    plain = Evaluator(model, torch.bfloat16, False, BATCH)(val)
+    graphed_eval = Evaluator(model, torch.bfloat16, False, BATCH, cuda_graphs=True)
+    graphed = graphed_eval(val)
+    assert graphed_eval.graph is not None
+    assert graphed == pytest.approx(plain) and graphed["images"] == 2 * BATCH + 20
+    assert graphed_eval(val) == pytest.approx(plain)  # replayed, not recaptured
+    assert model.training
+    # training goes on with the same graph, in train mode (BN batch statistics)
+    _ref_model, ref_step = make("eager")
+    ref_losses = train(ref_step, data)
+    losses = train(step, data[4:], meter=meter, first=4)
+    assert step.graph is graph
+    assert losses == pytest.approx(ref_losses[4:], rel=2e-2)
 
 
 def test_torchvision_loader_copies_without_syncing(tiny_data):

@@ -1,3 +1,4 @@
+import copy
 import itertools
 import math
 
@@ -7,7 +8,7 @@ from torch import nn
 
 from fasttrain.config import OptimConfig
 from fasttrain.model import build_model, param_groups
-from fasttrain.optim import build_schedule
+from fasttrain.optim import build_optimizer, build_schedule, set_lr
 
 
 def schedule(**kw):
@@ -67,3 +68,43 @@ def test_zero_init_residual_starts_blocks_as_identity():
     for block in on.layer1:
         assert torch.count_nonzero(block.bn3.weight) == 0
     assert torch.count_nonzero(off.layer1[0].bn3.weight) > 0
+
+
+@pytest.mark.parametrize("kind", ["step", "cosine"])
+@pytest.mark.parametrize("warmup", [0, 2.5])
+def test_device_lr_matches_the_host_schedule_at_every_step(kind, warmup):
+    """The graphed step computes the LR on the device: it must be the host schedule's."""
+    s = schedule(lr_schedule=kind, warmup_epochs=warmup, lr_step_epochs=3)
+    steps = torch.arange(0, 905)
+    got = torch.stack([s.lr_tensor(t) for t in steps])
+    want = torch.tensor([s.lr_at(int(t)) for t in steps])
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-9)
+    if kind == "step":  # the decays happened: 0.4 -> 0.04 -> ...
+        assert got[35] == pytest.approx(0.04) and got[65] == pytest.approx(0.004)
+
+
+def test_fused_sgd_with_a_tensor_lr_matches_foreach_sgd():
+    """build_optimizer's fused SGD, reading its LR from a tensor, takes the reference's steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3))
+    ref = copy.deepcopy(model)
+    cfg = OptimConfig(bn_weight_decay=False)
+    fused = build_optimizer(model, cfg, 0.1)
+    lr = torch.tensor(0.1)
+    set_lr(fused, lr)
+    groups = param_groups(ref, cfg.weight_decay, cfg.bn_weight_decay)
+    foreach = torch.optim.SGD(groups, lr=0.1, momentum=cfg.momentum, foreach=True)
+    assert fused.defaults["fused"] and len(fused.param_groups) == 2
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    start = model[0].weight.detach().clone()
+    for i in range(5):
+        lr.fill_(0.1 / (i + 1))
+        set_lr(foreach, 0.1 / (i + 1))
+        for m, opt in ((model, fused), (ref, foreach)):
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert (model[0].weight - start).abs().max() > 1e-3  # the steps did move the weights

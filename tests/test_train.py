@@ -14,7 +14,13 @@ from fasttrain.data.folder import scan_folder
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.step import build_step
-from tests.conftest import FAST, assert_exact_resume, last_checkpoint, train_loader
+from tests.conftest import (
+    FAST,
+    assert_exact_resume,
+    constant_lr,
+    last_checkpoint,
+    train_loader,
+)
 
 params = last_checkpoint
 
@@ -114,7 +120,13 @@ def test_compiled_step_matches_eager_step_by_step(tiny_data):
     }
     steps = {
         k: build_step(
-            k == "compiled", m, opts[k], nn.CrossEntropyLoss(label_smoothing=0.1), None, None
+            model=m,
+            optimizer=opts[k],
+            criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
+            amp_dtype=None,
+            scaler=None,
+            schedule=constant_lr(0.01),
+            compile=k == "compiled",
         )
         for k, m in models.items()
     }
@@ -138,7 +150,7 @@ def test_compiled_step_matches_eager_step_by_step(tiny_data):
         before = flat(eager_model)
         losses = {}
         for k in ("eager", "compiled"):
-            steps[k]([(x, y)], meter)
+            steps[k]([(x, y)], meter, 0)
             losses[k] = meter.flush()[0]
         assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
         update_e = flat(eager_model) - before
@@ -173,7 +185,7 @@ def test_compile_flag_trains_and_saves_unprefixed_checkpoints(run, tiny_data, tm
     assert first["compiled"] == pytest.approx(first["eager"], rel=1e-5)  # same weights, same batch
     state = params(tmp_path / "compiled")
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state["model"])
-    assert "compile True" in (tmp_path / "compiled" / "log-rank0.txt").read_text()
+    assert "step compiled |" in (tmp_path / "compiled" / "log-rank0.txt").read_text()
 
 
 def test_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(run, tiny_data, tmp_path):

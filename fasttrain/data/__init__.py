@@ -1,7 +1,8 @@
 """One loader contract for every backend.
 
 A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last (unless
-turned off) in the compute dtype, labels int64. It has ``__len__`` (batches per epoch),
+turned off) in a float dtype (the compute dtype, or DALI's fp16, which the step casts), labels
+int64. It has ``__len__`` (batches per epoch),
 ``set_epoch(epoch, start_batch)``: start an epoch, skipping the batches a resumed run has
 already trained on, and ``state_dict()``: what the loader itself must carry across a resume
 (empty for loaders whose position follows from the step; DALI's reader state otherwise).
@@ -104,6 +105,7 @@ def build_data(
     if cfg.loader == "dali":
         from fasttrain.data.dali import DaliLoader  # it says how to install DALI if it is missing
 
+        common.pop("dtype")  # DALI hands over fp16; the step casts it to the compute dtype
         dali = dict(
             threads=cfg.dali_threads,
             hw_decoder_load=cfg.dali_hw_decoder_load,

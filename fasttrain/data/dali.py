@@ -9,7 +9,8 @@ is how CI tests the real pipeline.
 - **Val:** decode → resize the shorter side → center crop → normalise.
 - **Output:** each batch is copied (``feed_ndarray``) into fixed buffers allocated once, handed out
   as a channels_last NCHW *view* of the NHWC buffer: no layout copy, no allocation per step, and
-  the same addresses every step (what a CUDA graph needs).
+  the same addresses every step, which a CUDA-graphed step reads directly. The images stay fp16
+  (DALI has no bf16 output); the step casts them to its compute dtype inside its own kernels.
 - **Shuffling:** the reader gets the file list pre-permuted with the seed and
   ``shuffle_after_epoch=True``, a fresh global permutation every epoch, identical on every rank so
   the shards stay disjoint. DALI's ``random_shuffle`` only shuffles within a 1,024-sample buffer,
@@ -160,7 +161,6 @@ class DaliLoader:
         world: int,
         local_rank: int,
         device: torch.device,
-        dtype: torch.dtype,
         channels_last: bool,
         buffers: int = 1,
         state: dict[str, Any] | None = None,
@@ -219,7 +219,6 @@ class DaliLoader:
             )
             for _ in range(buffers)
         ]
-        self.dtype = dtype
         self.channels_last = channels_last
 
     def __len__(self) -> int:
@@ -274,8 +273,6 @@ class DaliLoader:
                 first_pad = self.shard_len - i * self.batch_size
                 if first_pad < self.batch_size:
                     y[max(first_pad, 0) :] = -1
-            if self.dtype != torch.float16:  # DALI has no bf16 output: cast on the device
-                x = x.to(self.dtype)
             if not self.channels_last:
                 x = x.contiguous()
             yield x, y
