@@ -2,45 +2,28 @@
 of fasttrain's per-step extras added, to account for any gap to the baseline in
 ../shared/device/README.md (4,704 img/s eager, bf16, channels_last, batch 256).
 
-Each variant: 30 warm-up steps, then the median of 6 blocks of 25 steps (CUDA events).
+Each variant: 30 warm-up steps, then the median of 6 blocks of 25 steps (CUDA events; common.py).
 Usage on the GPU machine: python bench/eager_overhead.py
 """
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 import torchvision
+from common import timed as timed_blocks  # bench/common.py: the script's folder is on sys.path
 from torch import nn
 
 from fasttrain.config import OptimConfig
 from fasttrain.metrics import DeviceMeter
-from fasttrain.optim import build_optimizer, set_lr
+from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.step import EagerStep
 
-BATCH, WARMUP, BLOCK, BLOCKS = 256, 30, 25, 6
+BATCH = 256
+CONSTANT_LR = build_schedule(OptimConfig(lr_step_epochs=10**6), BATCH, 10**6, 1)  # 0.1 throughout
 
 
 def timed(step_fn) -> float:
-    """img/s from the median of BLOCKS blocks of BLOCK steps, each block between two CUDA events.
-
-    Blocks, not single steps: a sync after every step would stop the host from running ahead,
-    which the trainer never does, and would expose launch latency the trainer hides.
-    """
-    for _ in range(WARMUP):
-        step_fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(BLOCKS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(BLOCK):
-            step_fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / BLOCK)
-    return BATCH / statistics.median(times)
+    return timed_blocks(step_fn, BATCH)[0]
 
 
 def main() -> None:
@@ -75,16 +58,11 @@ def main() -> None:
 
     m, _ = fresh()
     opt = build_optimizer(m, OptimConfig(), 0.1)
-    step = EagerStep(m, opt, crit, torch.bfloat16, None)
+    step = EagerStep(m, opt, crit, torch.bfloat16, None, CONSTANT_LR)
     meter = DeviceMeter(dev)
     xb = x.to(torch.bfloat16)
-    results["fasttrain EagerStep (bf16 input, meter)"] = timed(lambda: step([(xb, y)], meter))
-
-    def with_lr():
-        set_lr(opt, 0.1)
-        step([(xb, y)], meter)
-
-    results["+ set_lr per step"] = timed(with_lr)
+    # fused SGD, the LR set from the host each step, metrics accumulated on the device
+    results["fasttrain EagerStep (bf16 input)"] = timed(lambda: step([(xb, y)], meter, 0))
     base = next(iter(results.values()))
     print(f"{'variant':45s} {'img/s':>8s} {'vs plain':>9s}")
     for name, rate in results.items():

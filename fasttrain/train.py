@@ -87,6 +87,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         compile=t.compile,
         compile_options=compile_options,
         cuda_graphs=t.cuda_graphs,
+        fixed_inputs=getattr(data.train, "fixed_buffers", False),
     )
     evaluator = (
         Evaluator(

@@ -10,7 +10,9 @@ pytest.importorskip("nvidia.dali")
 from fasttrain.data.dali import DaliLoader
 
 
-def loader(samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, **kw) -> DaliLoader:
+def loader(
+    samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, channels_last=True, **kw
+) -> DaliLoader:
     return DaliLoader(
         samples,
         train=train,
@@ -23,7 +25,7 @@ def loader(samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, **kw)
         world=world,
         local_rank=0,
         device=torch.device("cpu"),
-        channels_last=True,
+        channels_last=channels_last,
         **kw,
     )
 
@@ -50,6 +52,10 @@ def test_batches_are_fp16_channels_last_views_of_fixed_buffers(tiny_data):
         assert y.shape == (16,) and y.dtype == torch.int64
         assert x.abs().max() < 10 and x.float().std() > 0.2  # normalised, not raw 0-255
     assert len(set(batches)) == 1  # one buffer, the same addresses every step
+    assert (
+        ld.fixed_buffers
+        and not loader(scan_folder(tiny_data).train, channels_last=False).fixed_buffers
+    )
 
 
 def test_accumulation_gets_one_buffer_per_micro_batch(tiny_data):

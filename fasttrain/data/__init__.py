@@ -6,6 +6,8 @@ int64. It has ``__len__`` (batches per epoch),
 ``set_epoch(epoch, start_batch)``: start an epoch, skipping the batches a resumed run has
 already trained on, and ``state_dict()``: what the loader itself must carry across a resume
 (empty for loaders whose position follows from the step; DALI's reader state otherwise).
+A loader whose batches always land in the same tensors says so with ``fixed_buffers = True``;
+the CUDA-graph step then reads them in place instead of copying them into its own.
 """
 
 from __future__ import annotations

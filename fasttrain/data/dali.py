@@ -220,6 +220,9 @@ class DaliLoader:
             for _ in range(buffers)
         ]
         self.channels_last = channels_last
+        # every batch lands in the same tensors (unless made contiguous NCHW, which copies): a
+        # CUDA graph then reads them in place
+        self.fixed_buffers = channels_last
 
     def __len__(self) -> int:
         return self.batches

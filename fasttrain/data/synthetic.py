@@ -32,6 +32,8 @@ class SyntheticLoader:
         self.steps = steps
         self.start_batch = 0
 
+    fixed_buffers = True  # the same tensors every step: a CUDA graph reads them in place
+
     def __len__(self) -> int:
         return self.steps
 
