@@ -31,12 +31,16 @@ def _deterministic_cudnn():
 
 
 def batches(n: int, dtype=torch.bfloat16, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Learnable batches: each class is a fixed random image plus noise, so the loss falls
+    steadily and trajectories are comparable (pure noise with random labels is chaotic)."""
     g = torch.Generator().manual_seed(seed)
+    templates = torch.randn(CLASSES, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(99))
     out = []
     for _ in range(n):
-        x = torch.randn(BATCH, 3, SIZE, SIZE, generator=g).to(DEV, dtype)
-        y = torch.randint(0, CLASSES, (BATCH,), generator=g).to(DEV)
-        out.append((x.contiguous(memory_format=torch.channels_last), y))
+        y = torch.randint(0, CLASSES, (BATCH,), generator=g)
+        x = templates[y] + torch.randn(BATCH, 3, SIZE, SIZE, generator=g)
+        x = x.to(DEV, dtype).contiguous(memory_format=torch.channels_last)
+        out.append((x, y.to(DEV)))
     return out
 
 
@@ -86,7 +90,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (torch.norm(a - b) / torch.norm(b)).item()
 
 
-@pytest.mark.parametrize("kind", ["eager+graph", "compiled", "compiled+graph"])
+@pytest.mark.parametrize("kind", ["compiled", "compiled+graph"])
 def test_step_matches_eager_over_24_steps(kind):
     """Free-running for 24 steps from the same weights on the same batches, bf16: every loss and
     the total parameter update agree with eager's within bf16 tolerance."""
@@ -96,16 +100,29 @@ def test_step_matches_eager_over_24_steps(kind):
     ref_losses = train(ref_step, data)
     model, step = make(kind)
     losses = train(step, data)
-    if "graph" in kind:
-        assert isinstance(step, GraphedStep) and step.graph is not None and not step.failed
-        assert int(step.step_t) == 24  # the device counter the LR is computed from
-        assert step.lr.item() == pytest.approx(step.base.schedule.lr_at(23), rel=1e-6)
     diffs = [abs(a - b) / b for a, b in zip(losses, ref_losses, strict=True)]
     update = rel(flat(model) - start, flat(ref_model) - start)
-    print(f"{kind}: max loss diff {max(diffs):.2e}, update diff {update:.2e}")
-    assert ref_losses[-1] < ref_losses[0]  # it learns, so the comparison means something
-    assert max(diffs) < 2e-2, diffs
-    assert update < 5e-2
+    print(f"{kind} vs eager: max loss diff {max(diffs):.2e}, update diff {update:.2e}")
+    assert ref_losses[-1] < 0.7 * ref_losses[0]  # it learns, so the comparison means something
+    assert max(diffs) < 5e-2, diffs
+    assert update < 0.15
+
+
+@pytest.mark.parametrize("base", ["eager", "compiled"])
+def test_graph_replays_its_base_step_exactly(base):
+    """The graph runs the very kernels its base step runs: same losses, same weights, and the LR
+    from the device counter is the host schedule's."""
+    data = batches(16)
+    ref_model, ref_step = make(base)
+    ref_losses = train(ref_step, data)
+    model, step = make(f"{base}+graph")
+    losses = train(step, data)
+    assert isinstance(step, GraphedStep) and step.graph is not None and not step.failed
+    assert int(step.step_t) == 16  # the device counter the LR is computed from
+    assert step.lr.item() == pytest.approx(step.base.schedule.lr_at(15), rel=1e-6)
+    print(f"{base}+graph vs {base}: weights rel diff {rel(flat(model), flat(ref_model)):.1e}")
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    assert rel(flat(model), flat(ref_model)) < 1e-6
 
 
 def test_graphed_replays_read_fixed_loader_buffers_without_a_copy():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext as _nullcontext
 from typing import Any
 
 import torch
@@ -164,9 +165,13 @@ class DaliLoader:
         channels_last: bool,
         buffers: int = 1,
         state: dict[str, Any] | None = None,
+        prefetch: int = 2,
+        handoff: str = "host",
     ):
         """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
-        its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume."""
+        its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
+        ``prefetch``: DALI's prefetch queue depth. ``handoff``: how a batch reaches the caller's
+        stream (see ``__iter__``): "host", "stream" or "copy_stream"."""
         require_dali()
         self.train = train
         self.batch_size = batch_size
@@ -192,7 +197,7 @@ class DaliLoader:
             num_threads=threads,
             device_id=local_rank if gpu else None,
             seed=seed + 1,
-            prefetch_queue_depth=2,
+            prefetch_queue_depth=prefetch,
             **({"checkpoint": state["dali"]} if state else {}),
         )
         self.pipe.build()
@@ -208,6 +213,12 @@ class DaliLoader:
         self.runs = state["runs"] if state else 0
         self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
+        self.handoff = handoff if gpu else "host"
+        if self.handoff == "copy_stream":  # two buffers per held batch: fill one, train on one
+            buffers *= 2
+            self.copy_stream = torch.cuda.Stream(device)
+            self.enqueued: list[torch.cuda.Event] = []
+        self.held = buffers if self.handoff != "copy_stream" else buffers // 2
         # fixed output buffers: NHWC storage, handed out as channels_last NCHW views
         self.buffers = [
             (
@@ -220,9 +231,9 @@ class DaliLoader:
             for _ in range(buffers)
         ]
         self.channels_last = channels_last
-        # every batch lands in the same tensors (unless made contiguous NCHW, which copies): a
-        # CUDA graph then reads them in place
-        self.fixed_buffers = channels_last
+        # every batch lands in the same tensors (unless made contiguous NCHW, which copies, or
+        # double-buffered): a CUDA graph then reads them in place
+        self.fixed_buffers = channels_last and self.handoff != "copy_stream"
 
     def __len__(self) -> int:
         return self.batches
@@ -252,15 +263,33 @@ class DaliLoader:
 
         images_nhwc, labels_i32, labels_i64 = self.buffers[slot]
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
-        feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
-        labels_i64.copy_(labels_i32.view(-1))  # int64 on the device, as the loss wants
+        if self.handoff == "copy_stream":
+            # the slot's last batch (2 x held batches back) was consumed by a step the caller
+            # enqueued before it asked for the batch ``held`` back: wait for that point only
+            main = stream
+            if len(self.enqueued) > self.held:
+                self.copy_stream.wait_event(self.enqueued[-self.held - 1])
+            stream = self.copy_stream
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
+            feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
+            labels_i64.copy_(labels_i32.view(-1))  # int64 on the device, as the loss wants
+        if self.handoff == "copy_stream":
+            main.wait_stream(self.copy_stream)
         return images_nhwc.permute(0, 3, 1, 2), labels_i64  # a channels_last view: no copy
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(self.start_batch, self.batches):
+            if self.handoff == "copy_stream":  # everything the caller enqueued up to now
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+                self.enqueued = [*self.enqueued[-self.held :], event]
             try:
-                images, labels = self.pipe.run()
+                if self.handoff == "stream":  # outputs ordered on the caller's stream: no wait
+                    stream = torch.cuda.current_stream(self.device).cuda_stream
+                    images, labels = self.pipe.run(stream)
+                else:  # host-synchronous outputs
+                    images, labels = self.pipe.run()
             except RuntimeError as e:
                 if "decoders" not in str(e):
                     raise
