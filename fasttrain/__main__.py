@@ -57,6 +57,39 @@ def check_data(argv: Sequence[str]) -> int:
     return 0
 
 
+def launch(argv: list[str]) -> int | None:
+    """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
+    (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
+    for i, arg in enumerate(argv):
+        if arg == "--nproc-per-node" or arg.startswith("--nproc-per-node="):
+            value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[:i] + argv[i + (1 if "=" in arg else 2) :]
+            break
+    else:
+        return None
+    from fasttrain.errors import UserError
+
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--nproc-per-node {value!r}: expected a positive number of processes")
+    if "LOCAL_RANK" in os.environ:
+        raise UserError("--nproc-per-node: this process was already launched by torchrun")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(["--standalone", f"--nproc-per-node={value}", "-m", "fasttrain", *rest])
+    except ChildFailedError as e:
+        say(f"a training process failed (exit code {_first_exit(e)}); its log is above")
+        return _first_exit(e) or 1
+    return 0
+
+
+def _first_exit(e) -> int:
+    for failure in e.failures.values():
+        return int(failure.exitcode) if failure.exitcode > 0 else 1
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -72,29 +105,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["check-data"]:
             return check_data(argv[1:])
-        from fasttrain.config import cache_dir, parse_args, resolve
+        launched = launch(argv)
+        if launched is not None:
+            return launched
+        from fasttrain.config import cache_dir, parse_args, resolve, resolve_parallel
         from fasttrain.distributed import DistState
 
         cuda = torch.cuda.is_available()
         cfg, notes = parse_args(argv, cuda_available=cuda)
         resolve(cfg, cuda_available=cuda, notes=notes)
-        dist = DistState.from_env(cfg.train.device)
-        if dist.is_main:
-            for note in notes:
-                say(note)
-        if cfg.data.path is None and cfg.data.loader != "synthetic":
-            from fasttrain.data.sample import build_sample
+        dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
+        try:
+            resolve_parallel(cfg, dist.world_size, torch.cuda.device_count() if cuda else 0)
+            if dist.is_main:
+                for note in notes:
+                    say(note)
+            if cfg.data.path is None and cfg.data.loader != "synthetic":
+                from fasttrain.data.sample import build_sample
 
-            t_build = time.perf_counter()
-            cfg.data.path = str(
-                build_sample(cache_dir(), log=say if dist.is_main else lambda m: None)
-            )
-            if time.perf_counter() - t_build > 1 and dist.is_main:
-                say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
-            t_start = time.perf_counter()  # a one-off build is not part of the start-up cost
-        from fasttrain.train import train
+                t_build = time.perf_counter()
+                if dist.is_main:  # one builder; the other ranks then find it built
+                    build_sample(cache_dir(), log=say)
+                dist.barrier()
+                cfg.data.path = str(build_sample(cache_dir(), log=lambda m: None))
+                if time.perf_counter() - t_build > 1 and dist.is_main:
+                    say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
+                t_start = time.perf_counter()  # a one-off build is not part of start-up cost
+            from fasttrain.train import train
 
-        train(cfg, dist, t_start)
+            train(cfg, dist, t_start)
+        finally:
+            dist.close()
     except UserError as e:
         print(f"fasttrain: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -72,6 +72,12 @@ class TrainConfig:
     compile_mode: str = "default"
     inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
     cuda_graphs: bool = False
+    strategy: str = "auto"  # ddp with several processes, else none
+    bucket_cap_mb: int = 25
+    broadcast_buffers: bool = False
+    sync_bn: bool = False
+    ddp_compile: str = "ddp-optimizer"
+    dist_timeout: int = 600
     device: str = "auto"
     seed: int = 0
 
@@ -348,6 +354,51 @@ OPTIONS: tuple[Option, ...] = (
         "capture the whole training step (forward, backward, optimizer, LR, metrics) in one CUDA "
         "graph and replay it: the host launches one graph per step; with --compile or without",
     ),
+    Option(
+        "--strategy",
+        "train.strategy",
+        str,
+        "data parallelism: ddp (DistributedDataParallel, one process per GPU: torchrun or "
+        "--nproc-per-node), dp (nn.DataParallel over every visible GPU in one process: the "
+        "classic baseline), none, or auto: ddp with several processes, else none",
+        choices=("auto", "ddp", "dp", "none"),
+    ),
+    Option(
+        "--bucket-cap-mb",
+        "train.bucket_cap_mb",
+        int,
+        "DDP gradient bucket size in MB (all-reduces start per bucket during the backward)",
+        minimum=1,
+    ),
+    Option(
+        "--broadcast-buffers",
+        "train.broadcast_buffers",
+        bool,
+        "DDP: copy rank 0's BatchNorm statistics to every rank on every forward (off: each rank "
+        "keeps its own, and they are averaged before each evaluation and checkpoint)",
+    ),
+    Option(
+        "--sync-bn",
+        "train.sync_bn",
+        bool,
+        "DDP: SyncBatchNorm, batch statistics over the global batch (an all-gather per BN layer)",
+    ),
+    Option(
+        "--ddp-compile",
+        "train.ddp_compile",
+        str,
+        "DDP with --compile: ddp-optimizer (dynamo splits the graph at bucket boundaries) or "
+        "compiled-autograd (the backward is compiled with DDP's all-reduces in it)",
+        choices=("ddp-optimizer", "compiled-autograd"),
+    ),
+    Option(
+        "--dist-timeout",
+        "train.dist_timeout",
+        int,
+        "seconds a collective may wait before the run fails with an error naming the rank and "
+        "the collective, instead of hanging",
+        minimum=1,
+    ),
     Option("--device", "train.device", str, "device to train on", choices=("auto", "cuda", "cpu")),
     Option("--seed", "train.seed", int, "seed for initialisation, shuffling and augmentation"),
     # run control
@@ -484,6 +535,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Default with no --data: configs/sample.yaml on a GPU, configs/sample_cpu.yaml "
         "on the CPU",
     )
+    p.add_argument(
+        "--nproc-per-node",
+        dest="launch.nproc",
+        metavar="N",
+        type=int,
+        help="launch N processes on this machine through torch.distributed.run (as torchrun "
+        "--standalone does), one per GPU, training with DDP; for several machines use torchrun",
+    )
     defaults = Config()
     groups = {name: p.add_argument_group(f"{name} (YAML section '{name}')") for name in SECTIONS}
     for opt in OPTIONS:
@@ -517,6 +576,7 @@ def parse_args(argv: Sequence[str], cuda_available: bool) -> tuple[Config, list[
     except SystemExit as e:  # argparse already printed a one-line usage error
         raise SystemExit(2 if e.code else 0) from None
     notes: list[str] = []
+    ns.pop("launch.nproc", None)  # __main__ launches the processes before parsing
     recipe: Path | None = ns.pop("config", None)
     if recipe is None and ns.get("data.path") is None and ns.get("data.loader") != "synthetic":
         recipe = config_dir() / ("sample.yaml" if cuda_available else "sample_cpu.yaml")
@@ -609,6 +669,36 @@ def _resolve_compile(t: TrainConfig, notes: list[str] | None) -> None:
             "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
             "or default with --cuda-graphs"
         )
+
+
+def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
+    """Fill the 'auto' strategy from the launch, and refuse combinations that cannot work."""
+    t = cfg.train
+    if t.strategy == "auto":
+        t.strategy = "ddp" if world_size > 1 else "none"
+    if t.strategy == "ddp" and world_size == 1:
+        t.strategy = "none"  # one process: DDP would only add a wrapper
+    if world_size > 1 and t.strategy != "ddp":
+        raise UserError(
+            f"--strategy {t.strategy} with {world_size} processes: use --strategy ddp (each "
+            "process would otherwise train its own copy)"
+        )
+    if t.strategy == "dp":
+        if t.device != "cuda":
+            raise UserError("--strategy dp needs CUDA GPUs; use --strategy none on the CPU")
+        if t.cuda_graphs:
+            raise UserError(
+                "--strategy dp cannot run --cuda-graphs: DataParallel copies the model to every "
+                "GPU from the host each step; use --strategy ddp with --nproc-per-node instead"
+            )
+        if t.compile:
+            raise UserError(
+                "--strategy dp cannot run --compile (DataParallel replicates the module every "
+                "step, outside the compiled graph); use --strategy ddp with --nproc-per-node"
+            )
+        if gpus < 2:
+            raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
+    return cfg
 
 
 def inductor_options(text: str | None) -> dict[str, Any]:

@@ -1,16 +1,20 @@
 """Distributed state in one object, read from torchrun's environment (or a single process).
 
-Code below asks ``DistState`` questions (rank, device, is_main) and never reads the environment
-itself. Multi-process training (DDP) is not built yet: a multi-process launch is refused with a
-clear message rather than silently training N independent copies.
+Code below asks ``DistState`` questions (rank, device, is_main) and calls its collectives, which are
+no-ops in a single process; nothing else reads the environment or touches the process group.
+torchrun (``--standalone`` or multi-node ``--rdzv-backend c10d``) sets RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the process group starts from those (``env://``).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
+import torch.distributed as tdist
 
 from fasttrain.errors import UserError
 
@@ -26,23 +30,67 @@ class DistState:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
     @classmethod
-    def from_env(cls, device_type: str) -> DistState:
-        """Build from RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun); defaults: one process."""
+    def from_env(cls, device_type: str, timeout_s: int = 600) -> DistState:
+        """Build from RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun); defaults: one process.
+
+        With several processes, start the process group: NCCL on GPUs, gloo on the CPU. A
+        collective that waits longer than ``timeout_s`` fails with an error naming the rank and
+        the collective instead of hanging.
+        """
         try:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             rank = int(os.environ.get("RANK", "0"))
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         except ValueError as e:
             raise UserError(f"WORLD_SIZE / RANK / LOCAL_RANK must be integers ({e})") from None
-        if world > 1:
-            raise UserError(
-                f"WORLD_SIZE={world}: multi-process training (torchrun, DDP) is not "
-                "supported yet; run a single process"
-            )
         if device_type == "cuda":
+            if local_rank >= torch.cuda.device_count():
+                raise UserError(
+                    f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are "
+                    "visible: start at most one process per GPU (--nproc-per-node)"
+                )
             torch.cuda.set_device(local_rank)
             device = torch.device("cuda", local_rank)
         else:
             device = torch.device("cpu")
+        if world > 1 and not tdist.is_initialized():
+            if "MASTER_ADDR" not in os.environ:
+                raise UserError(
+                    f"WORLD_SIZE={world} without MASTER_ADDR: launch with torchrun or "
+                    "python -m fasttrain --nproc-per-node N"
+                )
+            tdist.init_process_group(
+                "nccl" if device_type == "cuda" else "gloo",
+                timeout=timedelta(seconds=timeout_s),
+                device_id=device if device_type == "cuda" else None,
+            )
         return cls(rank, local_rank, world, device)
+
+    # ---- collectives: no-ops in one process ------------------------------------------------
+    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum (or average, ``op="mean"``) ``tensor`` over ranks, in place."""
+        if self.distributed:
+            tdist.all_reduce(tensor, tdist.ReduceOp.SUM)
+            if op == "mean":
+                tensor /= self.world_size
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            tdist.barrier()
+
+    def close(self) -> None:
+        if self.distributed and tdist.is_initialized():
+            tdist.destroy_process_group()

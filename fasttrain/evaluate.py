@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fasttrain.distributed import DistState
 from fasttrain.step import blame
 
 log = logging.getLogger("fasttrain")
@@ -35,8 +36,10 @@ class Evaluator:
         *,
         compile_options: dict[str, Any] | None = None,
         cuda_graphs: bool = False,
+        dist: DistState | None = None,
     ):
         self.model = model
+        self.dist = dist
         self.amp_dtype = amp_dtype
         self.batch_size = batch_size
         self.device_type = next(model.parameters()).device.type
@@ -110,8 +113,10 @@ class Evaluator:
                 counts = batch_counts if counts is None else counts + batch_counts
         finally:
             self.model.train(was_training)
-        if counts is None:
-            return {"top1": 0.0, "top5": 0.0, "images": 0}
+        if counts is None:  # an empty shard still joins the all-reduce
+            counts = torch.zeros(3, dtype=torch.int64, device=next(self.model.parameters()).device)
+        if self.dist is not None:  # every rank evaluated its own shard
+            self.dist.all_reduce_(counts)
         top1, top5, total = counts.tolist()  # the one host sync of an evaluation
         return {
             "top1": 100.0 * top1 / max(total, 1),

@@ -17,15 +17,18 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from fasttrain.distributed import DistState
+
 log = logging.getLogger("fasttrain")
 
 
 class DeviceMeter:
     """Sum of per-batch loss x batch size and of correct predictions, kept on the device."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, dist: DistState | None = None):
+        self.dist = dist
         self.sums = torch.zeros(2, device=device)
-        self.samples = 0  # known on the host: no need to count it on the device
+        self.samples = 0  # this rank's, known on the host: no need to count it on the device
 
     def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
         """Accumulate in place on the device (a CUDA graph can record this); the caller adds
@@ -33,9 +36,14 @@ class DeviceMeter:
         self.sums += torch.stack((loss.float() * n, correct.float()))
 
     def flush(self) -> tuple[float, float, int]:
-        """(mean loss, top-1 %, samples) since the last flush. Synchronises with the device."""
+        """(mean loss, top-1 %, samples) since the last flush, over all ranks: the one all-reduce
+        and the one host sync of a log step."""
+        world = 1
+        if self.dist is not None:
+            self.dist.all_reduce_(self.sums)
+            world = self.dist.world_size
         loss_sum, correct = self.sums.tolist()
-        n = self.samples
+        n = self.samples * world
         self.sums.zero_()
         self.samples = 0
         return loss_sum / max(n, 1), 100.0 * correct / max(n, 1), n

@@ -25,6 +25,7 @@ from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
+from fasttrain.parallel import average_bn_statistics, wrap_model
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 from fasttrain.step import build_step, compile_kwargs
 
@@ -44,20 +45,23 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     configure_backends(dist.device)
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]
-    global_batch = t.batch_size * dist.world_size * t.accum_steps
+    # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
+    replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
+    loader_batch = t.batch_size * replicas
+    global_batch = loader_batch * dist.world_size * t.accum_steps
 
     # ---- build -------------------------------------------------------------------------------
     resumed = _find_resume(cfg)  # before the data: a DALI pipeline restores when it is built
     data = build_data(
         cfg.data,
-        batch_size=t.batch_size,
+        batch_size=loader_batch,
         num_classes=cfg.model.num_classes,
         seed=t.seed,
         dist=dist,
         dtype=amp_dtype or torch.float32,
         channels_last=cfg.model.channels_last,
         accum_steps=t.accum_steps,
-        loader_state=resumed[1].get("loader_state") if resumed else None,
+        loader_state=_loader_state(resumed[1], dist) if resumed else None,
     )
     steps_per_epoch = len(data.train) // t.accum_steps
     if steps_per_epoch == 0:
@@ -72,13 +76,14 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         dist.device,
         zero_init_residual=cfg.model.zero_init_residual,
     )
+    net = wrap_model(model, t, dist)  # what the step trains; checkpoints and eval use ``model``
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0))
     scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
     compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
     train_step = build_step(
-        model=model,
+        model=net,
         optimizer=optimizer,
         criterion=criterion,
         amp_dtype=amp_dtype,
@@ -87,6 +92,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         compile=t.compile,
         compile_options=compile_options,
         cuda_graphs=t.cuda_graphs,
+        # DDP rebuilds its buckets after the first steps: capture after 11 (PyTorch CUDA notes)
+        graph_warmup=11 if t.strategy == "ddp" else 3,
         fixed_inputs=getattr(data.train, "fixed_buffers", False),
     )
     evaluator = (
@@ -94,15 +101,20 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             model,
             amp_dtype,
             t.compile,
-            t.batch_size,
+            loader_batch,
             compile_options=compile_options,
             cuda_graphs=t.cuda_graphs,
+            dist=dist,
         )
         if data.val is not None and r.eval_every > 0
         else None
     )
 
-    step = _apply_resume(*resumed, cfg, model, optimizer, scaler) if resumed else 0
+    step = (
+        _apply_resume(*resumed, cfg, model, optimizer, scaler, global_batch, steps_per_epoch)
+        if resumed
+        else 0
+    )
     total_steps = min(t.max_steps or math.inf, schedule.total_steps)
     log.info(
         "%s, %d classes, %.1fM params | %s",
@@ -112,14 +124,15 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         data.description,
     )
     log.info(
-        "device %s, amp %s, step %s | global batch %d (%d per process x %d process(es) "
+        "device %s, amp %s, step %s, strategy %s | global batch %d (%d per GPU x %d GPU(s) "
         "x %d accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
         train_step.description,
+        t.strategy,
         global_batch,
         t.batch_size,
-        dist.world_size,
+        dist.world_size * replicas,
         t.accum_steps,
         schedule.peak_lr,
         steps_per_epoch,
@@ -136,7 +149,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         world_size=dist.world_size,
         device=dist.device,
     )
-    meter = DeviceMeter(dist.device)
+    meter = DeviceMeter(dist.device, dist)
     summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}
     last_eval: dict[str, float] | None = None
     eval_step = saved_step = -1
@@ -144,24 +157,30 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
 
     def save(step: int) -> None:
         nonlocal saved_step
-        if dist.is_main and saved_step != step:
-            _save(
-                run_dir,
-                r.keep_checkpoints,
-                cfg,
-                model,
-                optimizer,
-                scaler,
-                data.train,
-                step,
-                steps_per_epoch,
-                t.accum_steps,
-            )
+        if saved_step != step:
+            average_bn_statistics(model, dist)  # one model on every rank, before it is saved
+            loader_states = dist.all_gather_object(data.train.state_dict())  # DALI's, per rank
+            if dist.is_main:
+                _save(
+                    run_dir,
+                    r.keep_checkpoints,
+                    cfg,
+                    model,
+                    optimizer,
+                    scaler,
+                    loader_states,
+                    step,
+                    steps_per_epoch,
+                    t.accum_steps,
+                    global_batch,
+                )
+            dist.barrier()  # nobody runs ahead of a checkpoint that may be the one resumed
         saved_step = step
         metrics.restart_interval()
 
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step
+        average_bn_statistics(model, dist)
         last_eval, eval_step = evaluator(data.val), step
         metrics.log_eval(step, epoch, last_eval)
         metrics.restart_interval()
@@ -251,7 +270,17 @@ def _sync(device: torch.device) -> None:
 
 
 def _save(
-    run_dir, keep, cfg, model, optimizer, scaler, loader, step, steps_per_epoch, accum
+    run_dir,
+    keep,
+    cfg,
+    model,
+    optimizer,
+    scaler,
+    loader_states,
+    step,
+    steps_per_epoch,
+    accum,
+    global_batch,
 ) -> None:
     epoch, in_epoch = divmod(step, steps_per_epoch)
     state = {
@@ -260,8 +289,14 @@ def _save(
         "scaler": scaler.state_dict() if scaler is not None else None,
         "step": step,
         "epoch": epoch,
-        "loader": {"epoch": epoch, "start_batch": in_epoch * accum},
-        "loader_state": loader.state_dict(),  # DALI's reader state; empty for the others
+        "loader": {
+            "epoch": epoch,
+            "start_batch": in_epoch * accum,
+            "steps_per_epoch": steps_per_epoch,
+        },
+        "loader_state": loader_states,  # one per rank: DALI's reader state; empty for the others
+        "world_size": len(loader_states),
+        "global_batch": global_batch,
         "rng": ckpt.rng_state(),
         "config": cfg.to_dict(),
     }
@@ -293,16 +328,46 @@ def _find_resume(cfg: Config) -> tuple[str, dict[str, Any]] | None:
     return cfg.run.resume, ckpt.load_checkpoint(cfg.run.resume)
 
 
-def _apply_resume(path, state, cfg: Config, model, optimizer, scaler) -> int:
-    """Load model, optimizer, scaler and RNG states; return the step to continue from."""
+def _loader_state(state: dict[str, Any], dist: DistState) -> dict | None:
+    """This rank's loader state from a checkpoint, if it was saved at the same world size."""
+    states = state.get("loader_state")
+    if isinstance(states, dict):  # a checkpoint from before per-rank states
+        states = [states]
+    if not states or len(states) != dist.world_size:
+        return None
+    return states[dist.rank] or None
+
+
+def _apply_resume(
+    path, state, cfg: Config, model, optimizer, scaler, global_batch: int, steps_per_epoch: int
+) -> int:
+    """Load model, optimizer, scaler and RNG states; return the step to continue from.
+
+    At another global batch (another world size), the step is converted through the images
+    seen: the same epoch, and as far into it as the saved run had trained (rounded down)."""
     _warn_config_changes(state["config"], cfg.to_dict())
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state.get("scaler") is not None:
         scaler.load_state_dict(state["scaler"])
     ckpt.set_rng_state(state["rng"])
-    log.info("resumed from %s at step %d (epoch %d)", path, state["step"], state["epoch"])
-    return int(state["step"])
+    step = int(state["step"])
+    saved_batch = int(state.get("global_batch", global_batch))
+    if saved_batch != global_batch:
+        epoch, in_epoch = divmod(step, int(state["loader"]["steps_per_epoch"]))
+        new_step = epoch * steps_per_epoch + in_epoch * saved_batch // global_batch
+        log.warning(
+            "resuming at global batch %d, the checkpoint's was %d (another world size): step %d "
+            "becomes step %d, in epoch %d; the LR schedule follows the new global batch",
+            global_batch,
+            saved_batch,
+            step,
+            new_step,
+            epoch,
+        )
+        step = new_step
+    log.info("resumed from %s at step %d (epoch %d)", path, step, state["epoch"])
+    return step
 
 
 def _warn_config_changes(old: dict, new: dict) -> None:

@@ -81,7 +81,8 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
     ]  # keep the last 3
     state = params(out)
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state["model"])
-    assert state["loader"] == {"epoch": 6, "start_batch": 0}
+    assert state["loader"] == {"epoch": 6, "start_batch": 0, "steps_per_epoch": 12}
+    assert state["world_size"] == 1 and state["global_batch"] == 16
 
 
 def flat(model) -> torch.Tensor:
@@ -185,7 +186,7 @@ def test_compile_flag_trains_and_saves_unprefixed_checkpoints(run, tiny_data, tm
     assert first["compiled"] == pytest.approx(first["eager"], rel=1e-5)  # same weights, same batch
     state = params(tmp_path / "compiled")
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state["model"])
-    assert "step compiled |" in (tmp_path / "compiled" / "log-rank0.txt").read_text()
+    assert "step compiled, strategy none |" in (tmp_path / "compiled" / "log-rank0.txt").read_text()
 
 
 def test_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(run, tiny_data, tmp_path):

@@ -213,6 +213,7 @@ class DaliLoader:
         self.runs = state["runs"] if state else 0
         self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
+        self.fresh = state is None  # nothing run yet, nothing restored
         self.handoff = handoff if gpu else "host"
         if self.handoff == "copy_stream":  # two buffers per held batch: fill one, train on one
             buffers *= 2
@@ -241,6 +242,14 @@ class DaliLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Start ``epoch``; a resumed run's pipeline (restored from its checkpoint) is already at
         ``start_batch``. The previous epoch's unused runs are drained first."""
+        if self.fresh and (epoch, start_batch) != (0, 0):
+            # resumed without a reader state (saved at another world size): take up the epoch
+            # with this pipeline's first order, and run past the batches already trained on
+            self.epoch = epoch
+            while self.runs < start_batch:
+                self.pipe.run()
+                self.runs += 1
+        self.fresh = False
         if epoch != self.epoch:
             while self.runs < self.runs_per_epoch * (epoch - self.epoch):
                 self.pipe.run()

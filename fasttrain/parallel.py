@@ -1,0 +1,67 @@
+"""Data parallelism: wrap the model for ``--strategy`` (DDP, DataParallel or none), and keep
+per-rank BatchNorm statistics in agreement.
+
+The step trains the wrapped model; checkpoints and evaluation use the raw module, so saved keys
+never carry a ``module.`` prefix and evaluation runs no collective of DDP's.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch._dynamo
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from fasttrain.config import TrainConfig
+from fasttrain.distributed import DistState
+
+
+def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
+    """The module the training step calls: ``model`` itself, or DDP / DataParallel around it."""
+    if t.strategy == "dp":
+        return nn.DataParallel(model)
+    if t.strategy != "ddp":
+        return model
+    if t.sync_bn:
+        # converts in place module by module; the raw model's BN layers become SyncBatchNorm
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    gpu = dist.device.type == "cuda"
+    # under --cuda-graphs, DDP must be built on a side stream: its reducer binds to the stream
+    # it is built on, and the graph is captured on a side stream (PyTorch CUDA notes)
+    side = torch.cuda.Stream(dist.device) if gpu and t.cuda_graphs else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(dist.device))
+    with torch.cuda.stream(side) if side is not None else nullcontext():
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[dist.local_rank] if gpu else None,
+            bucket_cap_mb=t.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=t.broadcast_buffers,
+        )
+    if side is not None:
+        torch.cuda.current_stream(dist.device).wait_stream(side)
+    if t.compile and t.ddp_compile == "compiled-autograd":
+        # the backward is traced at run time with DDP's all-reduces in it, instead of dynamo
+        # splitting the forward at bucket boundaries (DDPOptimizer)
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+        torch._dynamo.config.compiled_autograd = True
+    return ddp
+
+
+def raw_module(net: nn.Module) -> nn.Module:
+    return net.module if isinstance(net, DistributedDataParallel | nn.DataParallel) else net
+
+
+def average_bn_statistics(model: nn.Module, dist: DistState) -> None:
+    """Average BatchNorm running statistics over ranks, in place (the CUDA graph reads them at
+    fixed addresses). Without ``--broadcast-buffers`` each rank's drift apart; evaluation and
+    checkpoints should see the same model on every rank."""
+    if not dist.distributed:
+        return
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+            dist.all_reduce_(module.running_mean, "mean")
+            dist.all_reduce_(module.running_var, "mean")
