@@ -43,6 +43,7 @@ def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
         )
     if side is not None:
         torch.cuda.current_stream(dist.device).wait_stream(side)
+        ddp.fasttrain_side_stream = side  # the graphed step warms up and captures on it
     if t.compile and t.ddp_compile == "compiled-autograd":
         # the backward is traced at run time with DDP's all-reduces in it, instead of dynamo
         # splitting the forward at bucket boundaries (DDPOptimizer)

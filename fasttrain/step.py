@@ -152,6 +152,9 @@ class GraphedStep:
         self.failed = False
         self.capture_s: float | None = None
         self.meter: DeviceMeter | None = None
+        # one side stream for warm-up and capture; DDP built under --cuda-graphs brings the one
+        # its reducer was built on (parallel.wrap_model)
+        self.side = getattr(base.model, "fasttrain_side_stream", None) or torch.cuda.Stream(device)
 
     def _body(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """One step as device work only: what warm-up runs and capture records."""
@@ -181,7 +184,7 @@ class GraphedStep:
         meter.samples += sum(images.shape[0] for images, _ in batches)
 
     def _warm_up(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
-        side = torch.cuda.Stream()
+        side = self.side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._body(batches, meter)
@@ -206,7 +209,7 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: DALI's worker threads keep using CUDA while this thread captures
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, stream=self.side, capture_error_mode="thread_local"):
                 self._body(self.static, meter)
         except Exception as e:
             torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current

@@ -1,0 +1,157 @@
+"""Two processes on the CPU with gloo: DDP's step against one process on the same global batch,
+and the trainer launched by ``python -m fasttrain --nproc-per-node 2``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from fasttrain.config import OptimConfig, TrainConfig
+from fasttrain.distributed import DistState
+from fasttrain.metrics import DeviceMeter
+from fasttrain.optim import build_optimizer
+from fasttrain.parallel import wrap_model
+from fasttrain.step import build_step
+from tests.conftest import FAST, constant_lr, last_checkpoint
+
+pytestmark = pytest.mark.dist
+GLOBAL_BATCH, STEPS = 16, 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_net() -> nn.Module:
+    """GroupNorm, not BatchNorm: each rank's normalisation must not depend on its share of the
+    batch, so DDP's averaged gradient equals the full batch's exactly."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.GroupNorm(2, 8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    dist = DistState.from_env("cpu", timeout_s=120)
+    torch.manual_seed(0)
+    model = tiny_net()
+    net = wrap_model(model, TrainConfig(strategy="ddp" if world > 1 else "none"), dist)
+    optimizer = build_optimizer(model, OptimConfig(), 0.1)
+    step = build_step(
+        model=net,
+        optimizer=optimizer,
+        criterion=nn.CrossEntropyLoss(),
+        amp_dtype=None,
+        scaler=None,
+        schedule=constant_lr(0.1),
+        compile=False,
+    )
+    meter = DeviceMeter(torch.device("cpu"), dist)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for i in range(STEPS):
+        x = torch.randn(GLOBAL_BATCH, 3, 8, 8, generator=g)
+        y = torch.randint(0, 4, (GLOBAL_BATCH,), generator=g)
+        step([(x[rank::world], y[rank::world])], meter, i)  # this rank's share
+        losses.append(meter.flush()[0])  # the mean over every rank's samples
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    every_rank = dist.all_gather_object(flat)
+    if rank == 0:
+        torch.save({"losses": losses, "params": every_rank}, out)
+    dist.close()
+
+
+def spawn(world: int, tmp_path: Path) -> dict:
+    out = tmp_path / f"world{world}.pt"
+    mp.spawn(_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
+    return torch.load(out)
+
+
+def test_ddp_step_matches_one_process_on_the_same_global_batch(tmp_path):
+    one, two = spawn(1, tmp_path), spawn(2, tmp_path)
+    a, b = two["params"]
+    assert torch.equal(a, b)  # the ranks hold the same parameters after every step
+    torch.testing.assert_close(a, one["params"][0], rtol=1e-5, atol=1e-6)
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    assert one["losses"][-1] < one["losses"][0]
+
+
+def launch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fasttrain", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+
+
+@pytest.mark.slow
+def test_two_process_run_checkpoints_once_and_resumes_on_one(tiny_data, tmp_path):
+    """``--nproc-per-node 2`` trains with DDP over gloo: one log per rank, one checkpoint
+    writer, and its checkpoint resumes in a single process (another world size)."""
+    out = tmp_path / "two"
+    common = ["--data", tiny_data, *FAST, "--device", "cpu", "--batch-size", "8"]
+    r = launch("--nproc-per-node", "2", *common, "--max-steps", "9", "--output-dir", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log0 = (out / "log-rank0.txt").read_text()
+    assert (out / "log-rank1.txt").is_file()
+    assert "strategy ddp | global batch 16 (8 per GPU x 2 GPU(s) x 1 accum)" in log0
+    state = last_checkpoint(out)
+    assert state["step"] == 9 and state["world_size"] == 2 and state["global_batch"] == 16
+    assert [p.name for p in out.glob("ckpt-*.pt")] == ["ckpt-00000009.pt"]  # written once
+    train = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(rec["kind"] in ("train", "val") for rec in train)  # one writer: no torn lines
+    val = [rec for rec in train if rec["kind"] == "val"]
+    assert val and val[-1]["images"] == 100  # each rank evaluated half, counted once
+
+    # the same checkpoint, one process at batch 16: the same global batch, step 9 carries on
+    one = tmp_path / "one"
+    one.mkdir()
+    r = launch(
+        *common,
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "12",
+        "--output-dir",
+        one,
+        "--resume",
+        out / "ckpt-00000009.pt",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        last_checkpoint(one)["step"] == 12 and "resumed from" in (one / "log-rank0.txt").read_text()
+    )
+
+    # one process at batch 8 (global batch 8, 24 steps per epoch): 9 steps of 16 images are
+    # 18 steps of 8
+    half = tmp_path / "half"
+    r = launch(
+        *common, "--max-steps", "20", "--output-dir", half, "--resume", out / "ckpt-00000009.pt"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = (half / "log-rank0.txt").read_text()
+    assert "step 9 becomes step 18" in text and last_checkpoint(half)["step"] == 20
