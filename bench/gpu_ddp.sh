@@ -19,7 +19,7 @@ run() {  # name, then fasttrain flags; skipped when the call's time is nearly sp
   local name=$1; shift
   if [ $SECONDS -gt 480 ]; then echo "{\"run\": \"$name\", \"skipped\": true}" >> $b/summaries.jsonl; return; fi
   echo "=== $name: python -m fasttrain $*" >> $b/runs.txt
-  python -m fasttrain --output-dir /tmp/runs/$name "$@" >> $b/runs.txt 2>&1
+  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} python -m fasttrain --output-dir /tmp/runs/$name "$@" >> $b/runs.txt 2>&1
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> $b/runs.txt
   summary "$name"
 }
@@ -29,10 +29,10 @@ if [ "$part" = c1 ]; then
   CUDA_VISIBLE_DEVICES=0 python bench/dali_e2e.py > $b/dali_e2e.txt 2>&1
   wait
   tail -3 $b/tests.txt; grep "^|" $b/dali_e2e.txt
-  CUDA_VISIBLE_DEVICES=0 run dali-1gpu --compile --cuda-graphs --epochs 10 --eval-every 0
+  GPUS=0 run dali-1gpu --compile --cuda-graphs --epochs 10 --eval-every 0
   run dali-ddp2 --nproc-per-node 2 --compile --cuda-graphs --epochs 10 --eval-every 5
 else
-  CUDA_VISIBLE_DEVICES=0 run synth-1gpu "${synth[@]}" --compile --cuda-graphs --epochs 6
+  GPUS=0 run synth-1gpu "${synth[@]}" --compile --cuda-graphs --epochs 6
   run synth-ddp2 --nproc-per-node 2 "${synth[@]}" --compile --cuda-graphs --epochs 6
   run synth-ddp2-compiled "${synth[@]}" --nproc-per-node 2 --compile --epochs 4
   run synth-ddp2-compiled-autograd "${synth[@]}" --nproc-per-node 2 --compile --ddp-compile compiled-autograd --epochs 4

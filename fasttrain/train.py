@@ -146,7 +146,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         is_main=dist.is_main,
         total_steps=int(total_steps),
         start_step=step,
-        world_size=dist.world_size,
+        world_size=dist.world_size * replicas,
         device=dist.device,
     )
     meter = DeviceMeter(dist.device, dist)
@@ -240,7 +240,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         {
             "steps": step,
             "img_per_s": metrics.steady_rate(),
-            "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / dist.world_size,
+            "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / (dist.world_size * replicas),
+            "gpus": dist.world_size * replicas,
             "peak_mem_gib": peak_memory_gib(dist.device),
             "wall_s": time.perf_counter() - t_start,
             "capture_s": getattr(train_step, "capture_s", None),
