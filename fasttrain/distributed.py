@@ -9,6 +9,8 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the process group starts from those (``
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,6 +19,12 @@ import torch
 import torch.distributed as tdist
 
 from fasttrain.errors import UserError
+
+
+class CollectiveTimeout(UserError):
+    """A collective waited past ``--dist-timeout``: a runtime fault, not a bad flag (exit 1)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -72,24 +80,48 @@ class DistState:
         return cls(rank, local_rank, world, device)
 
     # ---- collectives: no-ops in one process ------------------------------------------------
-    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    @contextmanager
+    def collective(self, what: str) -> Iterator[None]:
+        """Turn a timed-out collective into one line naming this rank and ``what`` waited.
+
+        gloo's own message names neither; NCCL's watchdog names both in its own log line
+        ("[Rank N] Watchdog caught collective operation timeout: WorkNCCL(... OpType=...)")."""
+        try:
+            yield
+        except (RuntimeError, tdist.DistError) as e:
+            text = str(e)
+            if not self.distributed or not any(
+                k in text for k in ("Timed out", "timed out", "Timeout", "timeout", "Watchdog")
+            ):
+                raise
+            first = next((line for line in text.splitlines() if line.strip()), text)
+            raise CollectiveTimeout(
+                f"rank {self.rank}: {what} waited longer than --dist-timeout for the other "
+                f"ranks ({first.strip()[:200]}); one of them is hung or has died: see its "
+                "log-rank<N>.txt"
+            ) from None
+
+    def all_reduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "an all_reduce"):
         """Sum (or average, ``op="mean"``) ``tensor`` over ranks, in place."""
         if self.distributed:
-            tdist.all_reduce(tensor, tdist.ReduceOp.SUM)
+            with self.collective(what):
+                tdist.all_reduce(tensor, tdist.ReduceOp.SUM)
             if op == "mean":
                 tensor /= self.world_size
         return tensor
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: Any, what: str = "an all_gather") -> list[Any]:
         if not self.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        tdist.all_gather_object(out, obj)
+        with self.collective(what):
+            tdist.all_gather_object(out, obj)
         return out
 
-    def barrier(self) -> None:
+    def barrier(self, what: str = "a barrier") -> None:
         if self.distributed:
-            tdist.barrier()
+            with self.collective(what):
+                tdist.barrier()
 
     def close(self) -> None:
         if self.distributed and tdist.is_initialized():

@@ -116,7 +116,7 @@ class Evaluator:
         if counts is None:  # an empty shard still joins the all-reduce
             counts = torch.zeros(3, dtype=torch.int64, device=next(self.model.parameters()).device)
         if self.dist is not None:  # every rank evaluated its own shard
-            self.dist.all_reduce_(counts)
+            self.dist.all_reduce_(counts, what="the all_reduce of the eval counts")
         top1, top5, total = counts.tolist()  # the one host sync of an evaluation
         return {
             "top1": 100.0 * top1 / max(total, 1),

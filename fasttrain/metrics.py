@@ -40,7 +40,7 @@ class DeviceMeter:
         and the one host sync of a log step."""
         world = 1
         if self.dist is not None:
-            self.dist.all_reduce_(self.sums)
+            self.dist.all_reduce_(self.sums, what="the all_reduce of the metrics at a log step")
             world = self.dist.world_size
         loss_sum, correct = self.sums.tolist()
         n = self.samples * world

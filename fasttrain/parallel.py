@@ -64,5 +64,6 @@ def average_bn_statistics(model: nn.Module, dist: DistState) -> None:
         return
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
-            dist.all_reduce_(module.running_mean, "mean")
-            dist.all_reduce_(module.running_var, "mean")
+            what = "the all_reduce of BatchNorm statistics"
+            dist.all_reduce_(module.running_mean, "mean", what)
+            dist.all_reduce_(module.running_var, "mean", what)

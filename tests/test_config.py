@@ -258,3 +258,13 @@ def test_compile_kwargs_merge_a_mode_with_options():
     merged = compile_kwargs("max-autotune-no-cudagraphs", {"conv_1x1_as_mm": True})
     assert merged["options"]["max_autotune"] is True and merged["options"]["conv_1x1_as_mm"]
     assert merged["options"].get("triton.cudagraphs", False) is False
+
+
+def test_auto_compile_mode_is_the_fastest_measured_except_where_autotuning_outlasts_the_run():
+    assert _resolved("--compile").train.compile_mode == "max-autotune-no-cudagraphs"
+    assert _resolved("--compile", cuda=False).train.compile_mode == "default"
+    sample = resolve(parse_args(["--compile"], True)[0], True)  # the built-in demo
+    assert sample.train.compile_mode == "default"
+    assert _resolved().train.compile_mode == "default"  # no --compile: the neutral value
+    chosen = _resolved("--compile", "--compile-mode", "default").train.compile_mode
+    assert chosen == "default"

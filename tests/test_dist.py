@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fasttrain.config import OptimConfig, TrainConfig
-from fasttrain.distributed import DistState
+from fasttrain.distributed import CollectiveTimeout, DistState
 from fasttrain.metrics import DeviceMeter
 from fasttrain.optim import build_optimizer
 from fasttrain.parallel import wrap_model
@@ -96,6 +97,36 @@ def test_ddp_step_matches_one_process_on_the_same_global_batch(tmp_path):
     torch.testing.assert_close(a, one["params"][0], rtol=1e-5, atol=1e-6)
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert one["losses"][-1] < one["losses"][0]
+
+
+def _hung_rank_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    dist = DistState.from_env("cpu", timeout_s=3)
+    if rank == 1:  # hangs: never joins the log step's all-reduce
+        time.sleep(12)
+        return
+    meter = DeviceMeter(torch.device("cpu"), dist)
+    try:
+        meter.flush()
+        Path(out).write_text("no error")
+    except CollectiveTimeout as e:
+        Path(out).write_text(f"{e.exit_code} {e}")
+
+
+def test_a_hung_rank_is_an_error_naming_the_rank_and_the_collective(tmp_path):
+    out = tmp_path / "error.txt"
+    t = time.perf_counter()
+    mp.spawn(_hung_rank_worker, args=(free_port(), str(out)), nprocs=2, join=True)
+    text = out.read_text()
+    assert text.startswith("1 rank 0: the all_reduce of the metrics at a log step waited longer")
+    assert "--dist-timeout" in text and "log-rank<N>.txt" in text
+    assert time.perf_counter() - t < 60
 
 
 def launch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -263,6 +263,6 @@ def test_checkpoint_every_steps_and_keep(run, tiny_data, tmp_path):
     assert code == 0, err
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["ckpt-00000007.pt", "ckpt-00000006.pt"]
     state = params(out)
-    assert state["loader"] == {"epoch": 0, "start_batch": 7}
+    assert state["loader"] == {"epoch": 0, "start_batch": 7, "steps_per_epoch": 12}
     assert {"python", "numpy", "torch"} <= set(state["rng"])
     assert state["config"]["train"]["max_steps"] == 7
