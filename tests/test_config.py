@@ -15,6 +15,7 @@ from fasttrain.config import (
     load_yaml,
     parse_args,
     resolve,
+    resolve_parallel,
     save_resolved,
 )
 from fasttrain.errors import UserError
@@ -268,3 +269,20 @@ def test_auto_compile_mode_is_the_fastest_measured_except_where_autotuning_outla
     assert _resolved().train.compile_mode == "default"  # no --compile: the neutral value
     chosen = _resolved("--compile", "--compile-mode", "default").train.compile_mode
     assert chosen == "default"
+
+
+def test_parallel_settings_are_checked_against_the_launch():
+    assert resolve_parallel(_resolved(), 1, 1).train.strategy == "none"
+    assert resolve_parallel(_resolved(), 4, 4).train.strategy == "ddp"
+    assert resolve_parallel(_resolved("--strategy", "ddp"), 1, 1).train.strategy == "none"
+    assert resolve_parallel(_resolved("--strategy", "dp"), 1, 2).train.strategy == "dp"
+    for flags, world, gpus, message in [
+        (["--strategy", "none"], 2, 2, "each process would otherwise train its own copy"),
+        (["--strategy", "dp", "--cuda-graphs"], 1, 2, "cannot run --cuda-graphs"),
+        (["--strategy", "dp", "--compile"], 1, 2, "cannot run --compile"),
+        (["--strategy", "dp"], 1, 1, "it needs at least 2"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            resolve_parallel(_resolved(*flags), world, gpus)
+    with pytest.raises(UserError, match="needs CUDA GPUs"):
+        resolve_parallel(_resolved("--strategy", "dp", cuda=False), 1, 0)

@@ -110,10 +110,17 @@ def test_unwritable_output_dir(run, tiny_data, tmp_path):
     )
 
 
-def test_multi_process_launch_is_refused_not_ignored(run, tiny_data, monkeypatch):
+def test_world_size_without_a_rendezvous_says_how_to_launch(run, tiny_data, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
     code, err = run("--data", tiny_data, *FAST)
-    assert code == 2 and "WORLD_SIZE=2" in one_line_error(err)
+    line = one_line_error(err)
+    assert code == 2 and "WORLD_SIZE=2 without MASTER_ADDR" in line and "--nproc-per-node" in line
+
+
+def test_bad_nproc_per_node_is_one_line(run):
+    code, err = run("--nproc-per-node", "zero", "--device", "cpu")
+    assert code == 2 and "--nproc-per-node 'zero'" in one_line_error(err)
 
 
 def test_out_of_memory_names_the_batch_and_what_to_do(run, tiny_data, tmp_path, monkeypatch):
