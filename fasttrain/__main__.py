@@ -3,6 +3,7 @@
 - ``python -m fasttrain [flags]`` trains.
 - ``python -m fasttrain env`` reports the hardware and software.
 - ``python -m fasttrain check-data DIR`` lists undecodable images and writes the list loaders skip.
+- ``python -m fasttrain profile-summary TRACE_DIR`` recomputes the step breakdown from traces.
 
 Parse -> Config -> train. A ``UserError`` anywhere becomes one line on stderr and its exit code.
 """
@@ -57,6 +58,31 @@ def check_data(argv: Sequence[str]) -> int:
     return 0
 
 
+def profile_summary(argv: Sequence[str]) -> int:
+    from fasttrain.breakdown import find_traces, summarize, table
+    from fasttrain.errors import UserError
+
+    p = argparse.ArgumentParser(
+        prog="python -m fasttrain profile-summary",
+        description="Recompute the step-time breakdown (compute, NCCL, memcpy, idle, host waits) "
+        "from saved torch.profiler traces: a run's profile/ directory or one trace file.",
+    )
+    p.add_argument("trace_dir", help="a --profile run's <output-dir>/profile, or a .pt.trace.json")
+    p.add_argument("--json", help="also write every trace's breakdown to this JSON file")
+    args = p.parse_args(argv)
+    traces = find_traces(args.trace_dir)
+    if not traces:
+        raise UserError(f"{args.trace_dir}: no *.pt.trace.json files (run with --profile first)")
+    summaries = [summarize(t) for t in traces]
+    for s in summaries:
+        print(table(s))
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0
+
+
 def launch(argv: list[str]) -> int | None:
     """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
     (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
@@ -105,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["check-data"]:
             return check_data(argv[1:])
+        if argv[:1] == ["profile-summary"]:
+            return profile_summary(argv[1:])
         launched = launch(argv)
         if launched is not None:
             return launched

@@ -94,6 +94,11 @@ class RunConfig:
     eval_every: int = 1
     ckpt_every_steps: int = 0
     keep_checkpoints: int = 3
+    profile: bool = False
+    profile_wait: int = 20
+    profile_warmup: int = 2
+    profile_active: int = 5
+    profile_repeat: int = 1
 
 
 @dataclass
@@ -441,6 +446,30 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
     ),
     Option(
+        "--profile",
+        "run.profile",
+        bool,
+        "profile with torch.profiler (CPU and CUDA): traces per rank under <output-dir>/profile "
+        "for TensorBoard (torch-tb-profiler) and Perfetto, and a breakdown of each step into "
+        "compute, communication, data transfer, sync and idle",
+    ),
+    Option(
+        "--profile-wait",
+        "run.profile_wait",
+        int,
+        "--profile: steps to skip before each cycle (past compile and CUDA-graph capture)",
+        minimum=0,
+    ),
+    Option("--profile-warmup", "run.profile_warmup", int, "--profile: warm-up steps", minimum=0),
+    Option("--profile-active", "run.profile_active", int, "--profile: steps recorded", minimum=1),
+    Option(
+        "--profile-repeat",
+        "run.profile_repeat",
+        int,
+        "--profile: cycles of wait, warm-up and active steps (0: until the run ends)",
+        minimum=0,
+    ),
+    Option(
         "--keep-checkpoints",
         "run.keep_checkpoints",
         int,
@@ -531,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
         "folder, or on the built-in sample dataset when --data is not given. Flags override the "
         "--config recipe, which overrides the defaults. Other commands: `python -m fasttrain env` "
         "reports hardware and software; `python -m fasttrain check-data DIR` finds undecodable "
-        "images and writes the list training then leaves out.",
+        "images and writes the list training then leaves out; `python -m fasttrain "
+        "profile-summary TRACE_DIR` recomputes a --profile run's step breakdown.",
         argument_default=argparse.SUPPRESS,  # only flags actually given override the recipe
     )
     p.add_argument(

@@ -90,11 +90,13 @@ class Metrics:
         self.t0 = time.perf_counter()
         self.images = 0
         self.data_wait = 0.0
+        self.steps = 0
 
     def step_done(self, images: int, data_wait: float) -> None:
         """Host-side bookkeeping only; no device access."""
         self.images += images
         self.data_wait += data_wait
+        self.steps += 1
         if self.bar is not None:
             self.bar.update(1)
 
@@ -106,8 +108,11 @@ class Metrics:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
-    def log_train(self, step: int, epoch: int, meter: DeviceMeter, lr: float) -> dict[str, Any]:
+    def log_train(
+        self, step: int, epoch: int, meter: DeviceMeter, lr: float, timer=None
+    ) -> dict[str, Any]:
         loss, top1, _ = meter.flush()  # syncs: the interval's work is now finished
+        gpu_ms = timer.read_ms() if timer is not None else None  # its events are done too
         elapsed = time.perf_counter() - self.t0
         rate = self.images / elapsed if elapsed > 0 else 0.0
         self.intervals.append((epoch, self.images, elapsed))
@@ -121,6 +126,8 @@ class Metrics:
             "img_per_s": rate,
             "img_per_s_per_gpu": rate / self.world_size,
             "data_wait_frac": self.data_wait / elapsed if elapsed > 0 else 0.0,
+            "data_wait_ms": 1e3 * self.data_wait / max(self.steps, 1),
+            "gpu_step_ms": gpu_ms,
             "peak_mem_gib": peak_memory_gib(self.device),
         }
         self._emit(
@@ -132,21 +139,35 @@ class Metrics:
                 "perf/img_per_s": rate,
                 "perf/img_per_s_per_gpu": record["img_per_s_per_gpu"],
                 "perf/data_wait_frac": record["data_wait_frac"],
+                "perf/data_wait_ms": record["data_wait_ms"],
+                **({"perf/gpu_step_ms": gpu_ms} if gpu_ms is not None else {}),
                 "perf/peak_mem_gib": record["peak_mem_gib"],
             },
             step,
         )
+        gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
         line = (
             f"epoch {epoch} step {step}: loss {loss:.4f} top1 {top1:.1f}% lr {lr:.4g} "
-            f"{rate:,.0f} img/s data-wait {100 * record['data_wait_frac']:.0f}%"
+            f"{rate:,.0f} img/s data-wait {100 * record['data_wait_frac']:.0f}%{gpu}"
         )
         if self.bar is not None and not self.bar.disable:
-            self.bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.3g} {rate:,.0f} img/s")
+            self.bar.set_postfix_str(
+                f"loss {loss:.3f} lr {lr:.3g} {rate:,.0f} img/s "
+                f"wait {record['data_wait_ms']:.1f} ms{gpu}"
+            )
             log.debug(line)
         else:
             log.info(line)
         self.restart_interval()
         return record
+
+    def log_profile(self, step: int, mean_ms: dict[str, float]) -> None:
+        """The profiled steps' mean breakdown as TensorBoard scalars (main process)."""
+        self._emit(
+            {"kind": "profile", "step": step, **mean_ms},
+            {f"profile/{k}_ms": v for k, v in mean_ms.items() if k != "step"},
+            step,
+        )
 
     def log_eval(self, step: int, epoch: int, result: dict[str, float]) -> None:
         record = {"kind": "val", "step": step, "epoch": epoch, **result}

@@ -26,6 +26,7 @@ from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.parallel import average_bn_statistics, wrap_model
+from fasttrain.profiling import RunProfiler, StepTimer, configure, span
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 from fasttrain.step import build_step, compile_kwargs
 
@@ -42,6 +43,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     t_start = time.perf_counter() if t_start is None else t_start
     t, r = cfg.train, cfg.run
     run_dir = prepare_run_dir(cfg, dist)
+    configure(record=r.profile, nvtx=dist.device.type == "cuda")
     configure_backends(dist.device)
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]
@@ -157,6 +159,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         device=dist.device,
     )
     meter = DeviceMeter(dist.device, dist)
+    timer = StepTimer(dist.device)
+    profiler = RunProfiler(r, run_dir, dist)
     summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}
     last_eval: dict[str, float] | None = None
     eval_step = saved_step = -1
@@ -191,10 +195,12 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step
         average_bn_statistics(model, dist)
-        last_eval, eval_step = evaluator(data.val), step
+        with span("fasttrain.eval"):
+            last_eval, eval_step = evaluator(data.val), step
         metrics.log_eval(step, epoch, last_eval)
         metrics.restart_interval()
 
+    profiler.start()
     try:
         while step < total_steps:
             epoch, in_epoch = divmod(step, steps_per_epoch)
@@ -202,12 +208,18 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             batches_iter = iter(data.train)
             for _ in range(in_epoch, steps_per_epoch):
                 t_wait = time.perf_counter()
-                batches = [next(batches_iter) for _ in range(t.accum_steps)]
+                with span("fasttrain.data"):
+                    batches = [next(batches_iter) for _ in range(t.accum_steps)]
                 data_wait = time.perf_counter() - t_wait
                 lr = schedule.lr_at(step)  # for the log; the step sets (or computes) its own
                 t_step = time.perf_counter()
-                with dist.collective("the training step (DDP's gradient all_reduce)"):
+                with (
+                    dist.collective("the training step (DDP's gradient all_reduce)"),
+                    timer.step(),
+                    span("fasttrain.step"),
+                ):
                     train_step(batches, meter, step)
+                profiler.step()
                 step += 1
                 metrics.step_done(global_batch, data_wait)
                 if first_step:  # a one-off sync, to report start-up cost; not the steady state
@@ -224,13 +236,13 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                     )
                     metrics.restart_interval()
                 if step % r.log_every == 0:
-                    metrics.log_train(step, epoch, meter, lr)
+                    metrics.log_train(step, epoch, meter, lr, timer)
                 if r.ckpt_every_steps and step % r.ckpt_every_steps == 0:
                     save(step)
                 if step >= total_steps:
                     break
             if meter.samples:
-                metrics.log_train(step, epoch, meter, lr)
+                metrics.log_train(step, epoch, meter, lr, timer)
             if step % steps_per_epoch == 0:  # the epoch is complete
                 if evaluator is not None and (epoch + 1) % r.eval_every == 0:
                     evaluate(step, epoch)
@@ -245,6 +257,9 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             "to keep the same global batch"
         ) from None
     finally:
+        profiler.stop()
+        if profiler.enabled:
+            summary["profile"] = _report_profile(profiler, metrics, step, dist)
         metrics.close()
 
     summary.update(
@@ -274,6 +289,26 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             run_dir,
         )
     return summary
+
+
+def _report_profile(profiler: RunProfiler, metrics: Metrics, step: int, dist: DistState):
+    """This rank's breakdown of each trace: logged as a table, saved as JSON, and written to
+    TensorBoard (main process) as ``profile/<part>_ms``."""
+    from dataclasses import asdict
+
+    from fasttrain.breakdown import load_trace, mean, step_times, summarize, table
+
+    summaries = [summarize(p) for p in profiler.traces()]
+    for s in summaries:
+        log.info("%s", table(s))
+    overall = mean([st for p in profiler.traces() for st in step_times(load_trace(p))])
+    out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
+    path = profiler.trace_dir / f"breakdown-rank{dist.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    if overall is not None:
+        metrics.log_profile(step, asdict(overall))
+    return {"breakdown": str(path), "mean_ms": out["mean_ms"]}
 
 
 def _sync(device: torch.device) -> None:

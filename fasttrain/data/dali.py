@@ -33,6 +33,7 @@ import torch
 
 from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD
 from fasttrain.errors import UserError
+from fasttrain.profiling import span
 
 READER = "Reader"
 # decoder scratch sized for ImageNet's largest images (NVIDIA's DeepLearningExamples values), so
@@ -309,7 +310,8 @@ class DaliLoader:
                     "the bad files out), or use --loader torchvision, which skips them"
                 ) from None
             self.runs += 1
-            x, y = self._copy_out(images, labels, i % len(self.buffers))
+            with span("fasttrain.copy_in"):
+                x, y = self._copy_out(images, labels, i % len(self.buffers))
             if not self.train:  # padding past this rank's shard is not a sample
                 first_pad = self.shard_len - i * self.batch_size
                 if first_pad < self.batch_size:

@@ -18,6 +18,8 @@ import torchvision.transforms.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from fasttrain.profiling import span
+
 log = logging.getLogger("fasttrain")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -189,10 +191,12 @@ class DeviceLoader:
                         log.warning(
                             "skipped an undecodable image (%d so far): %s", len(self.bad_files), p
                         )
-            x = images.to(self.device, non_blocking=non_blocking)
-            x = x.contiguous(memory_format=self.memory_format)
-            x = ((x.float() - self.mean) * self.inv_std).to(self.dtype)
-            yield x, labels.to(self.device, non_blocking=non_blocking)
+            with span("fasttrain.copy_in"):
+                x = images.to(self.device, non_blocking=non_blocking)
+                x = x.contiguous(memory_format=self.memory_format)
+                x = ((x.float() - self.mean) * self.inv_std).to(self.dtype)
+                y = labels.to(self.device, non_blocking=non_blocking)
+            yield x, y
 
 
 def build_torchvision_loader(

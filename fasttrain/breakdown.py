@@ -1,0 +1,233 @@
+"""Where a step's time goes, computed from a torch.profiler (Kineto) trace.
+
+Each profiled step is the wall-clock window of its ``ProfilerStep#N`` annotation. Inside that
+window the GPU timeline (all streams merged) is split into four parts that **partition the
+window exactly**, so they sum to the step time by construction:
+
+- ``compute``: covered by any compute kernel (every kernel that is not NCCL);
+- ``comm_exposed``: covered by NCCL kernels and no compute kernel;
+- ``memory_exposed``: covered by memcpy/memset and neither of the above;
+- ``idle``: covered by nothing.
+
+Alongside, and overlapping those: ``comm`` (all NCCL kernel time, overlapped or not), ``memory``
+(all memcpy/memset time), ``host_data_wait`` (host time inside fasttrain's ``fasttrain.data``
+ranges: blocked on the loader) and ``host_sync`` (host time in CUDA synchronize calls).
+
+Kernels launched by a CUDA graph appear in the trace as ordinary kernels (CUPTI records them),
+so graph replays are counted like any other work. The windows come from the host's clock and the
+kernels from the GPU's, which CUPTI aligns; the GPU runs behind the host, so one step's window
+holds the tail of the previous step's kernels. Over the steady state that shifts nothing; a
+single window may be off by the pipelining lag. A trace with no GPU activity (a CPU run) reports
+``compute`` as the window less host data wait and sync, and those two as ``idle``.
+
+The classes follow HolisticTraceAnalysis: "nccl" in a kernel name is communication, Memcpy and
+Memset are memory, every other kernel is computation.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STEP = re.compile(r"ProfilerStep#(\d+)")
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+PARTS = ("compute", "comm_exposed", "memory_exposed", "idle")
+
+
+@dataclass
+class StepTimes:
+    """Milliseconds of one step (or their mean over steps)."""
+
+    step: int
+    total: float
+    compute: float
+    comm_exposed: float
+    memory_exposed: float
+    idle: float
+    comm: float
+    memory: float
+    host_data_wait: float
+    host_sync: float
+
+    def residual(self) -> float:
+        """How far the four parts are from the step time (zero up to float rounding)."""
+        return self.total - sum(getattr(self, p) for p in PARTS)
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of union ``a`` not covered by union ``b`` (both sorted and disjoint)."""
+    out = []
+    j = 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def classify(event: dict[str, Any]) -> str | None:
+    """'comm', 'memory' or 'compute' for GPU activity; None for anything else."""
+    cat = str(event.get("cat", "")).lower()
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "memory"
+    if cat == "kernel":
+        return "comm" if "nccl" in str(event.get("name", "")).lower() else "compute"
+    return None
+
+
+def step_times(trace: dict[str, Any]) -> list[StepTimes]:
+    """One ``StepTimes`` per ``ProfilerStep#N`` window in ``trace``."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu: dict[str, list[tuple[float, float]]] = {"compute": [], "comm": [], "memory": []}
+    windows = []
+    data_ranges, sync_ranges = [], []
+    for e in events:
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        kind = classify(e)
+        if kind is not None:
+            gpu[kind].append((start, end))
+            continue
+        name = str(e.get("name", ""))
+        m = STEP.fullmatch(name)
+        if m:
+            windows.append((int(m.group(1)), start, end))
+        elif name == "fasttrain.data":
+            data_ranges.append((start, end))
+        elif name in SYNC_CALLS:
+            sync_ranges.append((start, end))
+    compute = _union(gpu["compute"])
+    comm = _union(gpu["comm"])
+    memory = _union(gpu["memory"])
+    busy = _union(compute + comm + memory)
+    has_gpu = bool(busy)
+    out = []
+    for n, lo, hi in sorted(windows):
+        ms = 1e-3
+        c = _clip(compute, lo, hi)
+        cm = _clip(comm, lo, hi)
+        mem = _clip(memory, lo, hi)
+        data_wait = _length(_clip(_union(data_ranges), lo, hi)) * ms
+        sync = _length(_clip(_union(sync_ranges), lo, hi)) * ms
+        total = (hi - lo) * ms
+        if has_gpu:
+            comm_exposed = _minus(cm, c)
+            memory_exposed = _minus(mem, _union(c + cm))
+            idle = total - _length(_clip(busy, lo, hi)) * ms
+            parts = (
+                _length(c) * ms,
+                _length(comm_exposed) * ms,
+                _length(memory_exposed) * ms,
+                idle,
+            )
+        else:  # a CPU run: the host's own time is the compute
+            parts = (max(0.0, total - data_wait - sync), 0.0, 0.0, min(total, data_wait + sync))
+        out.append(
+            StepTimes(
+                n,
+                total,
+                *parts,
+                comm=_length(cm) * ms,
+                memory=_length(mem) * ms,
+                host_data_wait=data_wait,
+                host_sync=sync,
+            )
+        )
+    return out
+
+
+def mean(steps: list[StepTimes]) -> StepTimes | None:
+    if not steps:
+        return None
+    fields = {k: sum(getattr(s, k) for s in steps) / len(steps) for k in asdict(steps[0])}
+    fields["step"] = -1
+    return StepTimes(**fields)
+
+
+def summarize(path: str | Path) -> dict[str, Any]:
+    """The breakdown of one trace file: every step, their mean, and the rank it came from."""
+    trace = load_trace(path)
+    steps = step_times(trace)
+    avg = mean(steps)
+    return {
+        "trace": str(path),
+        "rank": (trace.get("distributedInfo") or {}).get("rank"),
+        "steps": [asdict(s) for s in steps],
+        "mean_ms": asdict(avg) if avg else None,
+        "residual_ms": max((abs(s.residual()) for s in steps), default=0.0),
+        "device": "gpu" if any(classify(e) for e in trace.get("traceEvents", [])) else "cpu",
+    }
+
+
+def find_traces(root: str | Path) -> list[Path]:
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*.pt.trace.json*") if p.is_file())
+
+
+def table(summary: dict[str, Any]) -> str:
+    """A few lines: the mean step's parts, in ms and as shares of the step."""
+    m = summary["mean_ms"]
+    if m is None:
+        return f"{summary['trace']}: no profiled steps"
+    total = m["total"] or 1.0
+    rank = summary["rank"]
+    lines = [
+        f"step time breakdown, rank {rank if rank is not None else '?'}, mean of "
+        f"{len(summary['steps'])} steps ({summary['trace']}):",
+        f"  {'step':<22s}{m['total']:9.2f} ms",
+    ]
+    labels = {
+        "compute": "compute kernels",
+        "comm_exposed": "NCCL, not overlapped",
+        "memory_exposed": "memcpy/memset, alone",
+        "idle": "GPU idle",
+    }
+    if summary.get("device") == "cpu":  # no GPU activity: the host's own split
+        labels.update(compute="host computing", idle="host waiting")
+    for part in PARTS:
+        lines.append(f"  {labels[part]:<22s}{m[part]:9.2f} ms {100 * m[part] / total:5.1f}%")
+    lines.append(
+        f"  (overlapping: NCCL total {m['comm']:.2f} ms, memcpy/memset total {m['memory']:.2f} "
+        f"ms, host waiting for data {m['host_data_wait']:.2f} ms, host in sync calls "
+        f"{m['host_sync']:.2f} ms; the four parts sum to the step within "
+        f"{summary['residual_ms']:.3f} ms)"
+    )
+    return "\n".join(lines)

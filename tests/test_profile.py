@@ -1,0 +1,172 @@
+"""The step-time breakdown on hand-made traces with known parts, and a profiled CPU run whose
+traces TensorBoard's profiler plugin and the breakdown both read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from fasttrain.breakdown import PARTS, step_times, summarize
+from tests.conftest import FAST
+
+US = 1.0  # trace timestamps are microseconds
+
+
+def cpu(name: str, cat: str, ts: float, dur: float, **args) -> dict:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 100,
+        "tid": 1,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def gpu(name: str, cat: str, ts: float, dur: float, launched: float, stream: int = 7):
+    """A GPU event and the host call that launched it (same correlation id), as Kineto writes."""
+    corr = int(ts * 10 + stream)
+    launch = cpu("cudaLaunchKernel", "cuda_runtime", launched, 2, correlation=corr)
+    event = {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"device": 0, "stream": stream, "correlation": corr},
+    }
+    return [launch, event]
+
+
+def hand_made_trace() -> dict:
+    """Two 1 ms steps of known composition (times in us):
+
+    step 1 [0, 1000): compute [100, 400) and [600, 700); NCCL [300, 500) on another stream, 100
+    of it under compute; memcpy [50, 120), 50 of it alone; host data wait [0, 30); a stream
+    synchronize [900, 950). So compute 400, NCCL exposed 100, memcpy alone 50, idle 450.
+    step 2 [1000, 2000): three kernels launched by a graph replay back to back [1000, 1900), a
+    memset alone [1950, 1960). So compute 900, memory alone 10, idle 90.
+    A kernel after the last step [2500, 2600) belongs to no step.
+    """
+    events = [
+        cpu("ProfilerStep#1", "user_annotation", 0, 1000),
+        cpu("ProfilerStep#2", "user_annotation", 1000, 1000),
+        cpu("ProfilerStep#3", "user_annotation", 2000, 1000),  # HTA drops the last iteration
+        cpu("fasttrain.data", "user_annotation", 0, 30),
+        cpu("cudaStreamSynchronize", "cuda_runtime", 900, 50),
+        *gpu("sm90_xmma_gemm_bf16", "kernel", 100, 300, launched=35),
+        *gpu("triton_poi_fused_relu_0", "kernel", 600, 100, launched=40),
+        *gpu("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 300, 200, 45, stream=20),
+        *gpu("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 50, 70, launched=31, stream=21),
+        # step 2: a graph replay's kernels, all from one launch
+        *gpu("cudnn_conv_fwd", "kernel", 1000, 300, launched=1001),
+        *gpu("triton_red_fused_bn_1", "kernel", 1300, 300, launched=1002),
+        *gpu("void at::native::vectorized_elementwise_kernel", "kernel", 1600, 300, 1003),
+        *gpu("Memset (Device)", "gpu_memset", 1950, 10, launched=1004, stream=21),
+        *gpu("triton_poi_late", "kernel", 3500, 100, launched=3400),  # after the last step
+    ]
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 0}, "traceEvents": events}
+
+
+def test_breakdown_classifies_a_hand_made_trace_exactly():
+    s1, s2, s3 = step_times(hand_made_trace())
+    assert (s1.step, s2.step, s3.step) == (1, 2, 3) and s3.compute == 0 and s3.idle == 1.0
+    assert s1.total == pytest.approx(1.0)
+    assert s1.compute == pytest.approx(0.4)
+    assert s1.comm == pytest.approx(0.2) and s1.comm_exposed == pytest.approx(0.1)
+    assert s1.memory == pytest.approx(0.07) and s1.memory_exposed == pytest.approx(0.05)
+    assert s1.idle == pytest.approx(0.45)
+    assert s1.host_data_wait == pytest.approx(0.03) and s1.host_sync == pytest.approx(0.05)
+    assert s2.compute == pytest.approx(0.9) and s2.memory_exposed == pytest.approx(0.01)
+    assert s2.idle == pytest.approx(0.09) and s2.comm == 0
+
+
+def test_parts_sum_to_the_step_time():
+    for s in step_times(hand_made_trace()):
+        assert sum(getattr(s, p) for p in PARTS) == pytest.approx(s.total, abs=1e-9)
+        assert abs(s.residual()) < 1e-9
+
+
+def test_profile_summary_command_recomputes_from_saved_traces(tmp_path, capsys):
+    from fasttrain.__main__ import main
+
+    (tmp_path / "rank0.1.pt.trace.json").write_text(json.dumps(hand_made_trace()))
+    out = tmp_path / "b.json"
+    assert main(["profile-summary", str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "mean of 3 steps" in text and "NCCL, not overlapped" in text
+    saved = json.loads(out.read_text())
+    assert saved[0]["mean_ms"]["compute"] == pytest.approx(1.3 / 3)
+    assert main(["profile-summary", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hta") is None, reason="HolisticTraceAnalysis")
+def test_holistic_trace_analysis_agrees_on_the_same_trace(tmp_path):
+    """HTA's temporal breakdown over the whole trace (first kernel to last) against ours."""
+    from hta.trace_analysis import TraceAnalysis
+
+    trace = hand_made_trace()
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if "late" not in e["name"]]
+    (tmp_path / "rank0.1.pt.trace.json").write_text(json.dumps(trace))
+    row = TraceAnalysis(trace_dir=str(tmp_path)).get_temporal_breakdown(visualize=False).iloc[0]
+    s1, s2, _ = step_times(trace)
+    # HTA spans the GPU events of the iterations it keeps, first start (50) to last end (1960)
+    span = 1960 - 50
+    ours_compute = (s1.compute + s2.compute) * 1e3
+    ours_busy = (s1.total - s1.idle + s2.total - s2.idle) * 1e3
+    print(row.to_dict())
+    assert row["compute_time(us)"] == pytest.approx(ours_compute, abs=1)
+    assert row["idle_time(us)"] == pytest.approx(span - ours_busy, abs=1)
+    assert row["non_compute_time(us)"] == pytest.approx(ours_busy - ours_compute, abs=1)
+
+
+@pytest.mark.slow
+def test_profiled_cpu_run_writes_traces_the_tensorboard_plugin_loads(run, tiny_data, tmp_path):
+    out = tmp_path / "p"
+    flags = ["--profile", "--profile-wait", "2", "--profile-warmup", "1", "--profile-active", "3"]
+    code, err = run(
+        "--data",
+        tiny_data,
+        *FAST,
+        "--max-steps",
+        "8",
+        "--eval-every",
+        "0",
+        "--output-dir",
+        out,
+        *flags,
+    )
+    assert code == 0, err
+    traces = sorted((out / "profile").glob("rank0.*.pt.trace.json"))
+    assert len(traces) == 1
+    trace = json.loads(traces[0].read_text())
+    assert trace["distributedInfo"]["rank"] == 0  # written for single-process runs too
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"ProfilerStep#3", "ProfilerStep#5", "fasttrain.data", "fasttrain.step"} <= names
+    s = summarize(traces[0])
+    assert len(s["steps"]) == 3 and s["device"] == "cpu" and s["residual_ms"] < 1e-6
+    saved = json.loads((out / "profile" / "breakdown-rank0.json").read_text())
+    assert saved["mean_ms"]["total"] == pytest.approx(s["mean_ms"]["total"])
+    assert "step time breakdown, rank 0" in (out / "log-rank0.txt").read_text()
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "profile" for r in records)
+    if importlib.util.find_spec("torch_tb_profiler") is not None:
+        _assert_plugin_loads(out / "profile", tmp_path)
+
+
+def _assert_plugin_loads(logdir: Path, tmp_path: Path) -> None:
+    """Load the run the way TensorBoard's PyTorch Profiler plugin does (its RunLoader, with its
+    cache), and check it lists this rank and the views a CPU trace has."""
+    from torch_tb_profiler import io
+    from torch_tb_profiler.profiler.loader import RunLoader
+
+    loaded = RunLoader("profile", str(logdir), io.Cache(str(tmp_path / "tbcache"))).load()
+    assert loaded is not None and loaded.workers == ["rank0"]
+    assert {"Overview", "Operator", "Trace"} <= {v.display_name for v in loaded.views}
