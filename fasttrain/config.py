@@ -62,6 +62,8 @@ class OptimConfig:
     lr_step_epochs: int = 30
     lr_gamma: float = 0.1
     label_smoothing: float = 0.0
+    opt: str = "sgd"
+    lars_eta: float = 0.001
 
 
 @dataclass
@@ -75,6 +77,7 @@ class TrainConfig:
     compile_mode: str = "auto"  # FASTEST_COMPILE_MODE on a GPU, except the sample demo
     inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
     cuda_graphs: bool = False
+    triton_kernels: str = "none"  # comma list of KERNELS: none measured faster yet
     strategy: str = "auto"  # ddp with several processes, else none
     bucket_cap_mb: int = 25
     broadcast_buffers: bool = False
@@ -319,6 +322,15 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
     ),
     Option(
+        "--opt",
+        "optim.opt",
+        str,
+        "optimizer: sgd (momentum, weight decay) or lars (layer-wise trust ratios for large "
+        "global batches, as MLPerf's ResNet-50; a Triton kernel, so a GPU is needed)",
+        choices=("sgd", "lars"),
+    ),
+    Option("--lars-eta", "optim.lars_eta", float, "LARS trust coefficient", minimum=0),
+    Option(
         "--accum-steps",
         "train.accum_steps",
         int,
@@ -364,6 +376,15 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         "capture the whole training step (forward, backward, optimizer, LR, metrics) in one CUDA "
         "graph and replay it: the host launches one graph per step; with --compile or without",
+    ),
+    Option(
+        "--triton-kernels",
+        "train.triton_kernels",
+        str,
+        "fasttrain's Triton kernels to use instead of the torch path, comma-separated: "
+        "normalize (the torchvision loader's uint8 -> normalised input, one pass), sgd (the "
+        "optimizer over flat buffers, one launch), xent (fused softmax cross-entropy with label "
+        "smoothing), or none; none is the default until each is measured faster on an H200",
     ),
     Option(
         "--strategy",
@@ -677,6 +698,7 @@ def resolve(
         found = default_exclude_list(d.path)
         if d.exclude_list is None and found.is_file():
             d.exclude_list = str(found)
+    _resolve_kernels(cfg)  # after the loader: normalize is the torchvision loader's
     r = cfg.run
     if r.output_dir is None:
         r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
@@ -710,9 +732,39 @@ def _resolve_compile(t: TrainConfig, notes: list[str] | None, sample: bool = Fal
         )
 
 
+KERNELS = ("normalize", "sgd", "xent")
+
+
+def triton_kernels(text: str) -> set[str]:
+    """The set ``--triton-kernels`` names; an unknown name is a one-line error."""
+    names = {k.strip() for k in text.split(",") if k.strip() and k.strip() != "none"}
+    unknown = names - set(KERNELS)
+    if unknown:
+        raise UserError(
+            f"--triton-kernels: unknown {', '.join(sorted(unknown))}; choose from "
+            f"{', '.join(KERNELS)} or none"
+        )
+    return names
+
+
+def _resolve_kernels(cfg: Config) -> None:
+    t = cfg.train
+    kernels = triton_kernels(t.triton_kernels)
+    if (kernels or cfg.optim.opt == "lars") and t.device != "cuda":
+        what = "--opt lars" if cfg.optim.opt == "lars" else "--triton-kernels"
+        raise UserError(f"{what} runs Triton kernels, which need a CUDA GPU; leave it out here")
+    if "normalize" in kernels and cfg.data.loader != "torchvision":
+        raise UserError(
+            f"--triton-kernels normalize is the torchvision loader's; --loader "
+            f"{cfg.data.loader} does not use it"
+        )
+    t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
+
+
 def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
     """Fill the 'auto' strategy from the launch, and refuse combinations that cannot work."""
     t = cfg.train
+    fused = "sgd" in triton_kernels(t.triton_kernels) or cfg.optim.opt == "lars"
     if t.strategy == "auto":
         t.strategy = "ddp" if world_size > 1 else "none"
     if t.strategy == "ddp" and world_size == 1:
@@ -721,6 +773,11 @@ def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
         raise UserError(
             f"--strategy {t.strategy} with {world_size} processes: use --strategy ddp (each "
             "process would otherwise train its own copy)"
+        )
+    if fused and t.strategy in ("ddp", "dp"):
+        raise UserError(
+            f"--triton-kernels sgd / --opt lars keep gradients in one flat buffer, which "
+            f"--strategy {t.strategy} replaces with its own; leave them out with several GPUs"
         )
     if t.strategy == "dp":
         if t.device != "cuda":

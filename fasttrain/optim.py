@@ -70,8 +70,18 @@ def build_schedule(
     )
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, initial_lr: float) -> torch.optim.SGD:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, initial_lr: float, triton: bool = False
+) -> torch.optim.Optimizer:
+    """torch's fused SGD, or fasttrain's Triton SGD / LARS over flat buffers (``triton`` or
+    ``--opt lars``): the same update rule for SGD, held together by tests/test_kernels.py."""
     groups = param_groups(model, cfg.weight_decay, cfg.bn_weight_decay)
+    if triton or cfg.opt == "lars":
+        from fasttrain.kernels.sgd import FusedSGD
+
+        return FusedSGD(
+            groups, lr=initial_lr, momentum=cfg.momentum, lars=cfg.opt == "lars", eta=cfg.lars_eta
+        )
     return torch.optim.SGD(groups, lr=initial_lr, momentum=cfg.momentum, fused=True)
 
 

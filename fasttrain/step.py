@@ -161,6 +161,8 @@ class GraphedStep:
     def _body(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """One step as device work only: what warm-up runs and capture records."""
         self.lr.copy_(self.base.schedule.lr_tensor(self.step_t))
+        if getattr(self.base.optimizer, "grads_in_place", False):
+            self.base.optimizer.zero_grad()  # flat gradients never go None: zero them in the graph
         self.base._micro_steps(batches, meter)
         self.base._optimizer_step()
         self.step_t += 1

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, inductor_options
+from fasttrain.config import Config, inductor_options, triton_kernels
 from fasttrain.data import build_data
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
@@ -47,6 +47,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     configure_backends(dist.device)
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]
+    kernels = triton_kernels(t.triton_kernels)
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
@@ -63,6 +64,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         dtype=amp_dtype or torch.float32,
         channels_last=cfg.model.channels_last,
         accum_steps=t.accum_steps,
+        triton_normalize="normalize" in kernels,
         loader_state=_loader_state(resumed[1], dist) if resumed else None,
     )
     steps_per_epoch = len(data.train) // t.accum_steps
@@ -80,9 +82,14 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     )
     net = wrap_model(model, t, dist)  # what the step trains; checkpoints and eval use ``model``
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
-    optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0))
+    optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton="sgd" in kernels)
     scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+    if "xent" in kernels:
+        from fasttrain.kernels.cross_entropy import CrossEntropy
+
+        criterion: nn.Module = CrossEntropy(label_smoothing=cfg.optim.label_smoothing)
+    else:
+        criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
     compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
     if t.compile and "autotune" in t.compile_mode and dist.is_main:
         log.info(

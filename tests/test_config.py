@@ -286,3 +286,19 @@ def test_parallel_settings_are_checked_against_the_launch():
             resolve_parallel(_resolved(*flags), world, gpus)
     with pytest.raises(UserError, match="needs CUDA GPUs"):
         resolve_parallel(_resolved("--strategy", "dp", cuda=False), 1, 0)
+
+
+def test_triton_kernels_are_named_checked_and_need_a_gpu():
+    t = _resolved("--triton-kernels", "xent,sgd", "--loader", "synthetic").train
+    assert t.triton_kernels == "sgd,xent"  # canonical order
+    assert _resolved().train.triton_kernels == "none"
+    for flags, cuda, message in [
+        (["--triton-kernels", "softmax"], True, "unknown softmax"),
+        (["--triton-kernels", "xent"], False, "need a CUDA GPU"),
+        (["--opt", "lars"], False, "--opt lars runs Triton kernels"),
+        (["--triton-kernels", "normalize", "--loader", "dali"], True, "torchvision loader's"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            _resolved(*flags, cuda=cuda)
+    with pytest.raises(UserError, match="flat buffer"):
+        resolve_parallel(_resolved("--triton-kernels", "sgd"), 2, 2)

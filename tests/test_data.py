@@ -51,7 +51,7 @@ def test_augmentation_is_keyed_on_seed_epoch_and_index(tiny_data):
     c, _, _ = ds[(5, 1)]
     assert torch.equal(a, b) and la == lb
     assert not torch.equal(a, c)
-    assert a.shape == (3, 32, 32) and a.dtype == torch.uint8
+    assert a.shape == (32, 32, 3) and a.dtype == torch.uint8  # HWC: batches collate to NHWC
 
 
 def test_val_transform_is_resize_then_center_crop(tiny_data):
@@ -60,7 +60,7 @@ def test_val_transform_is_resize_then_center_crop(tiny_data):
     x, label, bad = ds[(0, 0)]
     with Image.open(samples[0][0]) as im:
         ref = F.pil_to_tensor(F.center_crop(F.resize(im.convert("RGB"), 37, antialias=True), 32))
-    assert torch.equal(x, ref) and label == samples[0][1] and bad == ""
+    assert torch.equal(x, ref.permute(1, 2, 0)) and label == samples[0][1] and bad == ""
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_device_loader_normalises_on_the_device_and_warns_once(data_with_bad_fil
     # the same samples through the plain torchvision Normalize give the same tensor
     ds = loader.loader.dataset
     keys = list(loader.sampler)[:8]
-    raw = torch.stack([ds[k][0] for k in keys]).float() / 255
+    raw = torch.stack([ds[k][0] for k in keys]).permute(0, 3, 1, 2).float() / 255
     ref = F.normalize(raw, IMAGENET_MEAN, IMAGENET_STD)
     torch.testing.assert_close(x, ref, rtol=1e-5, atol=1e-5)
     assert loader.bad_files == {bad_train}

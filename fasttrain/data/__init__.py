@@ -49,6 +49,7 @@ def build_data(
     channels_last: bool,
     accum_steps: int,
     loader_state: dict | None = None,
+    triton_normalize: bool = False,
 ) -> Data:
     """Build the train and val loaders ``cfg.loader`` names; ``loader_state`` resumes the train
     loader from a checkpoint's ``state_dict()``."""
@@ -121,8 +122,9 @@ def build_data(
             f"{cfg.dali_threads} threads)"
         )
     else:
-        train = build_torchvision_loader(ds.train, train=True, workers=cfg.workers, **common)
-        val = build_torchvision_loader(ds.val, train=False, workers=cfg.workers, **common)
+        tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
+        train = build_torchvision_loader(ds.train, train=True, **tv)
+        val = build_torchvision_loader(ds.val, train=False, **tv)
         how = f"torchvision loader with {cfg.workers} workers"
     return Data(
         train,

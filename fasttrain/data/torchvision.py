@@ -83,7 +83,8 @@ class ImageFolderDataset(Dataset):
                 img = F.hflip(img)
         else:
             img = F.center_crop(F.resize(img, self.resize, antialias=True), self.image_size)
-        return F.pil_to_tensor(img)
+        # HWC: batches collate to NHWC, which is channels_last NCHW seen through a permute
+        return F.pil_to_tensor(img).permute(1, 2, 0).contiguous()
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int, str]:
         index, epoch = key
@@ -96,7 +97,7 @@ class ImageFolderDataset(Dataset):
                 bad.append(self.samples[i][0])
                 if not self.train:
                     size = self.image_size
-                    return torch.zeros(3, size, size, dtype=torch.uint8), -1, ";".join(bad)
+                    return torch.zeros(size, size, 3, dtype=torch.uint8), -1, ";".join(bad)
         raise RuntimeError("no image in the dataset could be decoded")
 
 
@@ -157,8 +158,16 @@ class DeviceLoader:
         dtype: torch.dtype,
         channels_last: bool,
         sampler: TrainSampler | ValSampler,
+        triton_normalize: bool = False,
     ):
+        """``triton_normalize``: normalise with fasttrain's Triton kernel (kernels/normalize.py)
+        instead of the torch ops."""
         self.loader = loader
+        self.triton_normalize = triton_normalize
+        if triton_normalize:
+            from fasttrain.kernels.normalize import normalize
+
+            self.normalize = normalize
         self.sampler = sampler
         self.device = device
         self.dtype = dtype
@@ -192,9 +201,14 @@ class DeviceLoader:
                             "skipped an undecodable image (%d so far): %s", len(self.bad_files), p
                         )
             with span("fasttrain.copy_in"):
-                x = images.to(self.device, non_blocking=non_blocking)
-                x = x.contiguous(memory_format=self.memory_format)
-                x = ((x.float() - self.mean) * self.inv_std).to(self.dtype)
+                x = images.to(self.device, non_blocking=non_blocking)  # uint8 NHWC
+                if self.triton_normalize:  # one pass: read uint8, write dtype
+                    x = self.normalize(
+                        x, self.mean.view(3), 1 / self.inv_std.view(3), None, dtype=self.dtype
+                    )
+                else:  # the reference: a channels_last view, normalised elementwise
+                    x = ((x.permute(0, 3, 1, 2).float() - self.mean) * self.inv_std).to(self.dtype)
+                x = x.contiguous(memory_format=self.memory_format)  # a no-op for channels_last
                 y = labels.to(self.device, non_blocking=non_blocking)
             yield x, y
 
@@ -212,6 +226,7 @@ def build_torchvision_loader(
     device: torch.device,
     dtype: torch.dtype,
     channels_last: bool,
+    triton_normalize: bool = False,
 ) -> DeviceLoader:
     dataset = ImageFolderDataset(samples, train, image_size, seed)
     sampler: TrainSampler | ValSampler
@@ -229,4 +244,4 @@ def build_torchvision_loader(
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
     )
-    return DeviceLoader(loader, device, dtype, channels_last, sampler)
+    return DeviceLoader(loader, device, dtype, channels_last, sampler, triton_normalize)

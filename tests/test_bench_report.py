@@ -1,0 +1,57 @@
+"""bench/report.py turns pytest-benchmark JSON into the BENCHMARKS.md table and chart."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "bench_report", Path(__file__).parent.parent / "bench" / "report.py"
+)
+report = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(report)
+
+
+def bench_json() -> dict:
+    def b(group, name, **info):
+        return {"group": group, "name": name, "extra_info": info, "stats": {"median": 1.0}}
+
+    return {
+        "machine_info": {"node": "gpu-host"},
+        "commit_info": {"id": "abcdef123456"},
+        "datetime": "2026-11-30",
+        "benchmarks": [
+            b("loaders", "test_dali[0.99-8]", img_per_s=24243.0),
+            b("kernels: normalize", "test_normalize[triton]", GB_per_s=3100.5, us_per_call=49.0),
+            b("kernels: SGD", "test_sgd[triton]", us_per_call=210.0),
+            b("misc", "test_without_a_figure"),
+        ],
+    }
+
+
+def test_rows_pick_each_benchmarks_figure():
+    assert report.rows(bench_json()) == [
+        ("loaders", "test_dali[0.99-8]", "img_per_s", 24243.0),
+        ("kernels: normalize", "test_normalize[triton]", "GB_per_s", 3100.5),
+        ("kernels: SGD", "test_sgd[triton]", "us_per_call", 210.0),
+    ]
+
+
+def test_table_and_chart(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps(bench_json()))
+    argv = ["report.py", str(path)]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--png", str(tmp_path / "b.png")]
+    monkeypatch.setattr("sys.argv", argv)
+    report.main()
+    text = capsys.readouterr().out
+    assert (
+        "commit abcdef1" in text
+        and "| loaders | test_dali[0.99-8] | img_per_s | 24,243.0 |" in text
+    )
+    if "--png" in argv:
+        assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        pytest.skip("matplotlib is not installed: table only")

