@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fasttrain.config import OptimConfig, TrainConfig
+from fasttrain.data.torchvision import TrainSampler
 from fasttrain.distributed import CollectiveTimeout, DistState
 from fasttrain.metrics import DeviceMeter
 from fasttrain.optim import build_optimizer
@@ -79,8 +80,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         losses.append(meter.flush()[0])  # the mean over every rank's samples
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     every_rank = dist.all_gather_object(flat)
+    # the trainer's own sampler on this rank, as build_data makes it: which images it would read
+    sampler = TrainSampler(100, rank, world, seed=0, batch_size=8)
+    sampler.set_position(epoch=1, start_batch=0)
+    seen = dist.all_gather_object([i for i, _ in sampler])
     if rank == 0:
-        torch.save({"losses": losses, "params": every_rank}, out)
+        torch.save({"losses": losses, "params": every_rank, "seen": seen}, out)
     dist.close()
 
 
@@ -97,6 +102,10 @@ def test_ddp_step_matches_one_process_on_the_same_global_batch(tmp_path):
     torch.testing.assert_close(a, one["params"][0], rtol=1e-5, atol=1e-6)
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert one["losses"][-1] < one["losses"][0]
+    seen = [set(indices) for indices in two["seen"]]
+    assert not seen[0] & seen[1]  # the ranks read disjoint images
+    assert len(seen[0]) == len(seen[1]) == 48  # 100 // 2 per rank, in whole batches of 8
+    assert seen[0] | seen[1] < set(range(100))
 
 
 def _hung_rank_worker(rank: int, port: int, out: str) -> None:
