@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.parallel import average_bn_statistics, wrap_model
 from fasttrain.profiling import RunProfiler, StepTimer, configure, span
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
+from fasttrain.signals import StopRequest
 from fasttrain.step import build_step, compile_kwargs
 
 log = logging.getLogger("fasttrain")
@@ -207,6 +209,9 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         metrics.log_eval(step, epoch, last_eval)
         metrics.restart_interval()
 
+    stop = StopRequest()  # SIGTERM / SIGINT: checkpoint, then exit 0
+    stop.install()
+    stopped = False
     profiler.start()
     try:
         while step < total_steps:
@@ -246,17 +251,33 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                     metrics.log_train(step, epoch, meter, lr, timer)
                 if r.ckpt_every_steps and step % r.ckpt_every_steps == 0:
                     save(step)
-                if step >= total_steps:
+                # one process stops after this step; several agree at log steps (a collective)
+                if not dist.distributed:
+                    stopped = stop.requested
+                elif step % r.log_every == 0:
+                    stopped = dist.any(stop.requested, "the all_reduce of the stop flag")
+                if stopped or step >= total_steps:
                     break
+            if stopped:
+                break
             if meter.samples:
                 metrics.log_train(step, epoch, meter, lr, timer)
             if step % steps_per_epoch == 0:  # the epoch is complete
                 if evaluator is not None and (epoch + 1) % r.eval_every == 0:
                     evaluate(step, epoch)
                 save(step)
-        if evaluator is not None and eval_step != step:
+        if evaluator is not None and eval_step != step and not stopped:
             evaluate(step, step // steps_per_epoch)
         save(step)
+        if stopped:
+            summary["stopped_by"] = signal.Signals(stop.signum or signal.SIGTERM).name
+            log.warning(
+                "stopped by %s at step %d; checkpoint saved in %s: the same command with "
+                "--resume auto continues from it",
+                summary["stopped_by"],
+                step,
+                run_dir,
+            )
     except torch.cuda.OutOfMemoryError:
         raise OutOfMemory(
             f"out of GPU memory at --batch-size {t.batch_size} ({cfg.model.arch}, "
@@ -264,6 +285,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             "to keep the same global batch"
         ) from None
     finally:
+        stop.uninstall()
         profiler.stop()
         if profiler.enabled:
             summary["profile"] = _report_profile(profiler, metrics, step, dist)

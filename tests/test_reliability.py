@@ -1,0 +1,97 @@
+"""Faults a long run meets, injected for real: preemption signals (in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import FAST, last_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def start(*argv) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fasttrain", *map(str, argv)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def wait_for_steps(out: Path, steps: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    path = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.stderr.read()[-2000:]}")
+        if path.is_file():
+            done = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            if sum(r["kind"] == "train" for r in done) >= steps:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the run did not reach the step in time")
+
+
+def common(tiny_data) -> list:
+    return [
+        "--data",
+        tiny_data,
+        *FAST,
+        "--device",
+        "cpu",
+        "--max-steps",
+        "30",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "1",
+    ]
+
+
+def test_sigterm_checkpoints_exits_0_and_resume_auto_ends_bitwise_equal(tiny_data, tmp_path):
+    out = tmp_path / "preempted"
+    proc = start(*common(tiny_data), "--output-dir", out)
+    wait_for_steps(out, 5, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
+    stopped_at = last_checkpoint(out)["step"]
+    assert 5 <= stopped_at < 30
+    assert f"stopped by SIGTERM at step {stopped_at}" in (out / "log-rank0.txt").read_text()
+
+    resumed = start(*common(tiny_data), "--output-dir", out, "--resume", "auto")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    ref = tmp_path / "straight"
+    straight = start(*common(tiny_data), "--output-dir", ref)
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()[-2000:]
+    a, b = last_checkpoint(out), last_checkpoint(ref)
+    assert a["step"] == b["step"] == 30
+    for k, v in b["model"].items():
+        assert torch.equal(a["model"][k], v), k
+
+
+def test_a_second_signal_exits_at_once(tiny_data, tmp_path):
+    """Once the first signal is handled (its warning logged), a second one ends the process
+    with 128 + the signal's number, not waiting for the step or a checkpoint. Steps are made slow
+    (64 px, batch 48) so the second signal lands inside the step the first one lets finish."""
+    out = tmp_path / "twice"
+    slow = ["--image-size", "64", "--batch-size", "48"]
+    proc = start(*common(tiny_data), *slow, "--output-dir", out)
+    wait_for_steps(out, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    log = out / "log-rank0.txt"
+    deadline = time.monotonic() + 60
+    while "finishing the current step" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 128 + signal.SIGINT
+    assert "stopped by" not in log.read_text()
