@@ -84,6 +84,7 @@ class TrainConfig:
     sync_bn: bool = False
     ddp_compile: str = "ddp-optimizer"
     dist_timeout: int = 600
+    on_nan: str = "stop"
     device: str = "auto"
     seed: int = 0
 
@@ -376,6 +377,15 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         "capture the whole training step (forward, backward, optimizer, LR, metrics) in one CUDA "
         "graph and replay it: the host launches one graph per step; with --compile or without",
+    ),
+    Option(
+        "--on-nan",
+        "train.on_nan",
+        str,
+        "a non-finite loss (checked at log steps, from a device counter: no extra sync): stop "
+        "writes nonfinite.json (step, LR, last finite loss) and exits 3; skip restores the "
+        "newest checkpoint in place and trains on from the current step",
+        choices=("stop", "skip"),
     ),
     Option(
         "--triton-kernels",

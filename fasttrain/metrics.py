@@ -27,13 +27,15 @@ class DeviceMeter:
 
     def __init__(self, device: torch.device, dist: DistState | None = None):
         self.dist = dist
-        self.sums = torch.zeros(2, device=device)
+        self.sums = torch.zeros(3, device=device)  # loss x n, correct, non-finite losses
+        self.nonfinite = 0  # non-finite losses in the last flushed interval, over all ranks
         self.samples = 0  # this rank's, known on the host: no need to count it on the device
 
     def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
         """Accumulate in place on the device (a CUDA graph can record this); the caller adds
         the ``n`` samples to ``samples`` on the host, once per step actually run."""
-        self.sums += torch.stack((loss.float() * n, correct.float()))
+        bad = (~torch.isfinite(loss)).float()
+        self.sums += torch.stack((loss.float() * n, correct.float(), bad))
 
     def flush(self) -> tuple[float, float, int]:
         """(mean loss, top-1 %, samples) since the last flush, over all ranks: the one all-reduce
@@ -42,7 +44,8 @@ class DeviceMeter:
         if self.dist is not None:
             self.dist.all_reduce_(self.sums, what="the all_reduce of the metrics at a log step")
             world = self.dist.world_size
-        loss_sum, correct = self.sums.tolist()
+        loss_sum, correct, nonfinite = self.sums.tolist()
+        self.nonfinite = int(nonfinite)
         n = self.samples * world
         self.sums.zero_()
         self.samples = 0
@@ -121,6 +124,7 @@ class Metrics:
             "step": step,
             "epoch": epoch,
             "loss": loss,
+            "nonfinite_losses": meter.nonfinite,
             "top1": top1,
             "lr": lr,
             "img_per_s": rate,

@@ -40,6 +40,10 @@ class OutOfMemory(UserError):
     exit_code = 1
 
 
+class NonFiniteLoss(UserError):
+    exit_code = 3
+
+
 def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says; returns the run summary (also written to summary.json)."""
     t_start = time.perf_counter() if t_start is None else t_start
@@ -201,6 +205,30 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         saved_step = step
         metrics.restart_interval()
 
+    last_finite: dict[str, float] = {}
+    logged_step = step
+
+    def log_interval(step: int, epoch: int, lr: float) -> None:
+        """The log step: metrics, and what to do about a non-finite loss in the interval."""
+        nonlocal logged_step
+        record = metrics.log_train(step, epoch, meter, lr, timer)
+        if record["nonfinite_losses"] == 0:
+            last_finite.update(step=step, loss=record["loss"])
+        else:
+            _on_nonfinite(
+                t.on_nan,
+                record,
+                logged_step,
+                last_finite,
+                run_dir,
+                cfg,
+                dist,
+                model,
+                optimizer,
+                scaler,
+            )
+        logged_step = step
+
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step
         average_bn_statistics(model, dist)
@@ -248,7 +276,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                     )
                     metrics.restart_interval()
                 if step % r.log_every == 0:
-                    metrics.log_train(step, epoch, meter, lr, timer)
+                    log_interval(step, epoch, lr)
                 if r.ckpt_every_steps and step % r.ckpt_every_steps == 0:
                     save(step)
                 # one process stops after this step; several agree at log steps (a collective)
@@ -261,7 +289,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             if stopped:
                 break
             if meter.samples:
-                metrics.log_train(step, epoch, meter, lr, timer)
+                log_interval(step, epoch, lr)
             if step % steps_per_epoch == 0:  # the epoch is complete
                 if evaluator is not None and (epoch + 1) % r.eval_every == 0:
                     evaluate(step, epoch)
@@ -378,6 +406,59 @@ def _save(
     }
     path = ckpt.save_checkpoint(state, run_dir, step, keep)
     log.debug("saved %s", path)
+
+
+def _on_nonfinite(
+    policy, record, since, last_finite, run_dir, cfg, dist, model, optimizer, scaler
+) -> None:
+    """``--on-nan stop``: a diagnostic file and exit 3, without checkpointing the bad weights.
+    ``--on-nan skip``: restore the newest checkpoint in place (the CUDA graph keeps reading the
+    same tensors) and go on from the current step; the steps since that checkpoint are lost."""
+    diagnostic = {
+        "nonfinite_losses": record["nonfinite_losses"],
+        "between_steps": [since, record["step"]],
+        "lr": record["lr"],
+        "last_finite_loss": last_finite.get("loss"),
+        "last_finite_loss_step": last_finite.get("step"),
+        "on_nan": policy,
+    }
+    found = ckpt.latest_valid(cfg.run.output_dir) if policy == "skip" else None
+    if found is None:
+        if dist.is_main:
+            (run_dir / "nonfinite.json").write_text(json.dumps(diagnostic, indent=2) + "\n")
+        raise NonFiniteLoss(
+            f"the loss became NaN or infinite between steps {since} and {record['step']} "
+            f"(LR {record['lr']:.4g}; last finite loss {last_finite.get('loss')}); wrote "
+            f"{run_dir / 'nonfinite.json'}"
+            + (" (no checkpoint to restore for --on-nan skip)" if policy == "skip" else "")
+            + "; lower --lr or --warmup-epochs up, check the data, or use --on-nan skip"
+        )
+    path, state = found
+    model.load_state_dict(state["model"])  # copies into the same tensors
+    _load_optimizer_in_place(optimizer, state["optimizer"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    log.warning(
+        "non-finite loss between steps %d and %d: restored the weights and optimizer of %s "
+        "(step %d) and training on from step %d (--on-nan skip)",
+        since,
+        record["step"],
+        path,
+        state["step"],
+        record["step"],
+    )
+
+
+def _load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Copy saved momentum into the optimizer's own buffers (a CUDA graph holds them)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        old = saved["state"].get(i, {}).get("momentum_buffer")
+        if buf is not None and old is not None:
+            buf.copy_(old)
+        elif old is not None:
+            optimizer.state[p]["momentum_buffer"] = old.to(p.device).clone()
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -95,3 +95,67 @@ def test_a_second_signal_exits_at_once(tiny_data, tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 128 + signal.SIGINT
     assert "stopped by" not in log.read_text()
+
+
+def nan_once(call: int):
+    """CrossEntropyLoss.forward, returning NaN on one call (one step: no accumulation)."""
+    forward = torch.nn.CrossEntropyLoss.forward
+    calls = [0]
+
+    def patched(self, logits, labels):
+        loss = forward(self, logits, labels)
+        calls[0] += 1
+        return loss * float("nan") if calls[0] == call else loss
+
+    return patched
+
+
+def nan_run(run, tiny_data, out, policy, monkeypatch):
+    monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward", nan_once(call=6))  # step 6
+    return run(
+        "--data",
+        tiny_data,
+        *FAST,
+        "--max-steps",
+        "10",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "2",
+        "--ckpt-every-steps",
+        "4",
+        "--on-nan",
+        policy,
+        "--output-dir",
+        out,
+    )
+
+
+def test_nonfinite_loss_stops_with_a_diagnostic_and_no_bad_checkpoint(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    out = tmp_path / "nan-stop"
+    code, err = nan_run(run, tiny_data, out, "stop", monkeypatch)
+    assert code == 3
+    line = [x for x in err.splitlines() if x.startswith("fasttrain: error:")]
+    assert len(line) == 1 and "NaN or infinite between steps 4 and 6" in line[0]
+    diagnostic = json.loads((out / "nonfinite.json").read_text())
+    assert diagnostic["between_steps"] == [4, 6] and diagnostic["last_finite_loss_step"] == 4
+    assert diagnostic["last_finite_loss"] > 0
+    assert last_checkpoint(out)["step"] == 4  # the NaN weights were never saved
+
+
+def test_nonfinite_loss_skip_restores_the_checkpoint_and_trains_on(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    out = tmp_path / "nan-skip"
+    code, err = nan_run(run, tiny_data, out, "skip", monkeypatch)
+    assert code == 0, err
+    log = (out / "log-rank0.txt").read_text()
+    assert "non-finite loss between steps 4 and 6: restored" in log and "(step 4)" in log
+    final = last_checkpoint(out)
+    assert final["step"] == 10
+    assert all(torch.isfinite(v).all() for v in final["model"].values() if v.is_floating_point())
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    bad = [r["step"] for r in records if r.get("nonfinite_losses")]
+    assert bad == [6]  # once, and the steps after it are finite again
