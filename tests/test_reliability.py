@@ -159,3 +159,117 @@ def test_nonfinite_loss_skip_restores_the_checkpoint_and_trains_on(
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     bad = [r["step"] for r in records if r.get("nonfinite_losses")]
     assert bad == [6]  # once, and the steps after it are finite again
+
+
+def odd_images(root: Path) -> dict[str, str]:
+    """Every kind of file a real photo folder holds, one per name: what each should become."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def rgb(w=96, h=80):
+        return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+    for d in ("train/a", "train/b", "val/a", "val/b"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for c in "ab":
+        for i in range(4):
+            rgb().save(root / f"train/{c}/ok{i}.jpg")
+        rgb().save(root / f"val/{c}/v.jpg")
+    rgb().convert("L").save(root / "train/a/gray.jpg")
+    rgb().convert("CMYK").save(root / "train/a/cmyk.jpg")
+    sixteen = (rng.integers(0, 256, (80, 96)) * 257).astype(np.uint16)  # mid-grey on average
+    Image.fromarray(sixteen).save(root / "train/b/sixteen.png")
+    rgb().save(root / "train/b/png_named.jpg", format="PNG")
+    Image.new("RGB", (10000, 10000), (90, 120, 200)).save(root / "train/b/huge.jpg", quality=50)
+    (root / "train/a/text.jpg").write_text("not an image at all\n")
+    (root / "train/b/zero.jpg").write_bytes(b"")
+    buf = io.BytesIO()
+    rgb().save(buf, format="JPEG")
+    (root / "train/a/truncated.jpg").write_bytes(buf.getvalue()[:200])
+    return {
+        "gray.jpg": "converted",
+        "cmyk.jpg": "converted",
+        "sixteen.png": "converted",
+        "png_named.jpg": "converted",
+        "huge.jpg": "converted",
+        "text.jpg": "skipped",
+        "zero.jpg": "skipped",
+        "truncated.jpg": "skipped",
+    }
+
+
+@pytest.fixture(scope="module")
+def odd_data(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("odd")
+    return root, odd_images(root)
+
+
+def test_torchvision_loader_converts_odd_images_and_skips_broken_ones(odd_data):
+    from fasttrain.data.folder import scan_folder
+    from fasttrain.data.torchvision import ImageFolderDataset, build_torchvision_loader
+
+    root, expect = odd_data
+    samples = scan_folder(root).train
+    ds = ImageFolderDataset(samples, train=False, image_size=32, seed=0)
+    for index, (path, label) in enumerate(samples):
+        name = Path(path).name
+        x, got_label, bad = ds[(index, 0)]
+        assert x.shape == (32, 32, 3), name
+        if expect.get(name) == "skipped":  # val-style: counted, label -1, never another's label
+            assert got_label == -1 and bad == path, name
+        else:
+            assert got_label == label and bad == "", name
+        if name == "sixteen.png":  # scaled to 8 bits, not clipped to white
+            assert 60 < x.float().mean() < 200
+    loader = build_torchvision_loader(
+        samples,
+        train=True,
+        image_size=32,
+        batch_size=4,
+        workers=0,
+        seed=0,
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        channels_last=True,
+    )
+    loader.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(samples) // 4
+    skipped = {Path(p).name for p in loader.bad_files}
+    assert skipped == {n for n, what in expect.items() if what == "skipped"}
+
+
+def test_dali_decodes_every_odd_image_once_check_data_listed_the_broken(odd_data, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from fasttrain.data.check import find_bad_files
+    from fasttrain.data.dali import DaliLoader
+    from fasttrain.data.folder import scan_folder
+
+    root, expect = odd_data
+    _, bad = find_bad_files(root, workers=2)
+    assert {Path(p).name for p, _ in bad} == {n for n, w in expect.items() if w == "skipped"}
+    samples = scan_folder(root, {p for p, _ in bad}).train
+    indexed = [(path, i) for i, (path, _) in enumerate(samples)]
+    loader = DaliLoader(
+        indexed,
+        train=False,
+        image_size=32,
+        batch_size=4,
+        threads=2,
+        hw_decoder_load=0.99,
+        seed=0,
+        rank=0,
+        world=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        channels_last=True,
+    )
+    loader.set_epoch(0)
+    seen = torch.cat([y.clone() for _, y in loader])
+    assert sorted(seen[seen >= 0].tolist()) == list(range(len(samples)))  # each decoded once

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import random
+import warnings
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torchvision.transforms.functional as F
 from PIL import Image
@@ -50,6 +52,18 @@ def random_resized_crop_params(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+def to_rgb(im: Image.Image) -> Image.Image:
+    """RGB from any PIL mode: grayscale, CMYK and palette through PIL; 16-bit grayscale scaled
+    to 8 bits (PIL's own conversion clips it to 255)."""
+    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+        wide = np.asarray(im, dtype=np.uint32 if im.mode == "I" else np.uint16)
+        top = 65535 if im.mode != "I" else max(int(wide.max()), 1)
+        return Image.fromarray((wide.astype(np.float32) * (255 / top)).astype(np.uint8)).convert(
+            "RGB"
+        )
+    return im.convert("RGB")
+
+
 class ImageFolderDataset(Dataset):
     """Indexed by ``(index, epoch)`` pairs from the samplers below; returns uint8 CHW tensors.
 
@@ -71,8 +85,10 @@ class ImageFolderDataset(Dataset):
 
     def _load(self, index: int, epoch: int) -> torch.Tensor:
         path, _ = self.samples[index]
-        with Image.open(path) as im:
-            img = im.convert("RGB")
+        with warnings.catch_warnings():  # a 10k x 10k photo is big, not a decompression bomb
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                img = to_rgb(im)
         if self.train:
             rng = random.Random(f"{self.seed}-{epoch}-{index}")
             top, left, h, w = random_resized_crop_params(rng, img.width, img.height)
