@@ -179,12 +179,15 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     eval_step = saved_step = -1
     first_step = True
 
-    def save(step: int) -> None:
+    def save(step: int, loader_state: bool = True) -> None:
+        """``loader_state=False``: the loader has run past ``step`` (an OOM mid-step); the
+        resumed run then restarts the reader within the epoch instead."""
         nonlocal saved_step
         if saved_step != step:
             average_bn_statistics(model, dist)  # one model on every rank, before it is saved
             loader_states = dist.all_gather_object(  # DALI's reader states, one per rank
-                data.train.state_dict(), what="the all_gather of loader states for a checkpoint"
+                data.train.state_dict() if loader_state else {},
+                what="the all_gather of loader states for a checkpoint",
             )
             if dist.is_main:
                 _save(
@@ -307,10 +310,11 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 run_dir,
             )
     except torch.cuda.OutOfMemoryError:
+        kept = _checkpoint_after_oom(save, step, saved_step, meter, dist)
         raise OutOfMemory(
             f"out of GPU memory at --batch-size {t.batch_size} ({cfg.model.arch}, "
             f"{cfg.data.image_size} px, amp {t.amp}): lower --batch-size, and raise --accum-steps "
-            "to keep the same global batch"
+            f"to keep the same global batch; {kept}"
         ) from None
     finally:
         stop.uninstall()
@@ -406,6 +410,24 @@ def _save(
     }
     path = ckpt.save_checkpoint(state, run_dir, step, keep)
     log.debug("saved %s", path)
+
+
+def _checkpoint_after_oom(save, step: int, saved_step: int, meter: DeviceMeter, dist) -> str:
+    """After an OOM the weights are those of the last completed step (the failed step never
+    reached the optimizer), so they are saved, in one process; what happened, in words."""
+    if dist.distributed:
+        return "no checkpoint written (the other ranks wait in a collective; see --dist-timeout)"
+    if step == 0 or step == saved_step:
+        return "nothing new to checkpoint"
+    if dist.device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        if meter.sums[2].item() > 0:  # a non-finite loss since the last log step: keep out
+            return "no checkpoint written (the loss was not finite)"
+        save(step, loader_state=False)
+    except Exception as e:
+        return f"the checkpoint of step {step} could not be written either ({type(e).__name__})"
+    return f"saved a checkpoint of step {step}: --resume auto continues from it"
 
 
 def _on_nonfinite(
