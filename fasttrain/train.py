@@ -44,6 +44,10 @@ class NonFiniteLoss(UserError):
     exit_code = 3
 
 
+class CheckpointWriteError(UserError):
+    exit_code = 1
+
+
 def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says; returns the run summary (also written to summary.json)."""
     t_start = time.perf_counter() if t_start is None else t_start
@@ -408,7 +412,15 @@ def _save(
         "rng": ckpt.rng_state(),
         "config": cfg.to_dict(),
     }
-    path = ckpt.save_checkpoint(state, run_dir, step, keep)
+    try:
+        path = ckpt.save_checkpoint(state, run_dir, step, keep)
+    except OSError as e:  # a full disk, a lost mount: loud, and the previous one is intact
+        previous = ckpt.list_checkpoints(run_dir)
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of step {step} in {run_dir} ({e.strerror or e}); "
+            + (f"{previous[0].name} is intact" if previous else "no earlier checkpoint exists")
+            + ": free space or point --output-dir elsewhere, then --resume auto"
+        ) from None
     log.debug("saved %s", path)
 
 

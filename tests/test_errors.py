@@ -159,6 +159,44 @@ def test_out_of_memory_mid_run_checkpoints_the_last_completed_step(
     assert last_checkpoint(out)["step"] == 8
 
 
+def test_a_failed_checkpoint_write_is_loud_and_keeps_the_previous(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    """The disk fills at the second checkpoint: one line naming it, exit 1, the first intact."""
+    import errno
+
+    real = torch.save
+    calls = [0]
+
+    def full_disk(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    out = tmp_path / "full"
+    code, err = run(
+        "--data",
+        tiny_data,
+        *FAST,
+        "--max-steps",
+        "6",
+        "--eval-every",
+        "0",
+        "--ckpt-every-steps",
+        "2",
+        "--output-dir",
+        out,
+    )
+    assert code == 1
+    line = one_line_error(err)
+    assert "could not write the checkpoint of step 4" in line and "No space left" in line
+    assert "ckpt-00000002.pt is intact" in line
+    assert last_checkpoint(out)["step"] == 2
+    assert not list(out.glob(".ckpt-*"))  # no half-written temporary left behind
+
+
 def test_corrupt_images_do_not_stop_a_run(run, tiny_data, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
