@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import time
 from typing import Any
@@ -54,6 +55,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     t, r = cfg.train, cfg.run
     run_dir = prepare_run_dir(cfg, dist)
     configure(record=r.profile, nvtx=dist.device.type == "cuda")
+    log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device)
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]

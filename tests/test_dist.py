@@ -195,3 +195,65 @@ def test_two_process_run_checkpoints_once_and_resumes_on_one(tiny_data, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     text = (half / "log-rank0.txt").read_text()
     assert "step 9 becomes step 18" in text and last_checkpoint(half)["step"] == 20
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_run_with_an_error_not_a_hang(tiny_data, tmp_path):
+    """SIGKILL one of two ranks mid-run: the launch exits non-zero within the timeout, saying a
+    training process failed, and the checkpoints written before stay loadable."""
+    import re
+    import signal
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fasttrain",
+            "--nproc-per-node",
+            "2",
+            "--data",
+            str(tiny_data),
+            *map(str, FAST),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "400",
+            "--eval-every",
+            "0",
+            "--log-every",
+            "1",
+            "--ckpt-every-steps",
+            "3",
+            "--dist-timeout",
+            "20",
+            "--output-dir",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 180
+    pid = None
+    while time.monotonic() < deadline and pid is None:
+        log1 = out / "log-rank1.txt"
+        done = (
+            (out / "metrics.jsonl").read_text().count('"train"')
+            if (out / "metrics.jsonl").is_file()
+            else 0
+        )
+        if log1.is_file() and done >= 4:
+            pid = int(re.search(r"rank 1 of 2: process (\d+)", log1.read_text()).group(1))
+        time.sleep(0.1)
+    assert pid is not None, "the run did not get going"
+    os.kill(pid, signal.SIGKILL)
+    t = time.monotonic()
+    code = proc.wait(timeout=120)
+    err = proc.stderr.read()
+    assert code != 0 and time.monotonic() - t < 60
+    assert "a training process failed" in err
+    assert last_checkpoint(out)["step"] >= 3  # written before the kill, and loadable
