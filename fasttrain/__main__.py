@@ -99,11 +99,18 @@ def launch(argv: list[str]) -> int | None:
         raise UserError(f"--nproc-per-node {value!r}: expected a positive number of processes")
     if "LOCAL_RANK" in os.environ:
         raise UserError("--nproc-per-node: this process was already launched by torchrun")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     try:
         torchrun(["--standalone", f"--nproc-per-node={value}", "-m", "fasttrain", *rest])
+    except SignalException as e:  # preempted: torchrun passed the signal on and waited
+        say(
+            f"stopped by {e.sigval.name}; each process checkpointed before exiting "
+            "(see log-rank<N>.txt): the same command with --resume auto continues"
+        )
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         say(f"a training process failed (exit code {_first_exit(e)}); its log is above")
         return _first_exit(e) or 1

@@ -80,11 +80,12 @@ def test_sigterm_checkpoints_exits_0_and_resume_auto_ends_bitwise_equal(tiny_dat
 
 
 def test_a_second_signal_exits_at_once(tiny_data, tmp_path):
-    """Once the first signal is handled (its warning logged), a second one ends the process
-    with 128 + the signal's number, not waiting for the step or a checkpoint. Steps are made slow
-    (64 px, batch 48) so the second signal lands inside the step the first one lets finish."""
+    """A second signal more than a second after the first ends the process with 128 + the
+    signal's number, not waiting for the step or a checkpoint (the same signal repeated within a
+    second counts once). Steps are made slow (128 px, batch 48: seconds each on 2 cores) so the
+    second signal lands inside the step the first one lets finish."""
     out = tmp_path / "twice"
-    slow = ["--image-size", "64", "--batch-size", "48"]
+    slow = ["--image-size", "128", "--batch-size", "48"]
     proc = start(*common(tiny_data), *slow, "--output-dir", out)
     wait_for_steps(out, 2, proc)
     proc.send_signal(signal.SIGINT)
@@ -92,6 +93,7 @@ def test_a_second_signal_exits_at_once(tiny_data, tmp_path):
     deadline = time.monotonic() + 60
     while "finishing the current step" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.005)
+    time.sleep(1.2)  # past the repeat window
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 128 + signal.SIGINT
     assert "stopped by" not in log.read_text()
@@ -273,3 +275,29 @@ def test_dali_decodes_every_odd_image_once_check_data_listed_the_broken(odd_data
     loader.set_epoch(0)
     seen = torch.cat([y.clone() for _, y in loader])
     assert sorted(seen[seen >= 0].tolist()) == list(range(len(samples)))  # each decoded once
+
+
+def test_sigterm_to_a_two_process_run_checkpoints_every_rank_together(tiny_data, tmp_path):
+    """The scheduler's way: SIGTERM to the whole process group (launcher and both ranks, which
+    also get it forwarded by torch.distributed.run). The ranks agree at the next log step,
+    rank 0 writes one checkpoint, and --resume auto continues from it."""
+    out = tmp_path / "ddp-preempted"
+    argv = ["--nproc-per-node", "2", *common(tiny_data), "--batch-size", "8", "--max-steps", "200"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fasttrain", *map(str, argv), "--output-dir", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for_steps(out, 4, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    err = proc.stderr.read()
+    assert code == 128 + signal.SIGTERM and "--resume auto continues" in err, err[-2000:]
+    stopped_at = last_checkpoint(out)["step"]
+    assert 4 <= stopped_at < 200
+    for rank in (0, 1):
+        assert "SIGTERM: finishing the current step" in (out / f"log-rank{rank}.txt").read_text()
+    assert f"stopped by SIGTERM at step {stopped_at}" in (out / "log-rank0.txt").read_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import warnings
 from collections.abc import Iterator
 
@@ -229,6 +230,14 @@ class DeviceLoader:
             yield x, y
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Workers leave SIGTERM/SIGINT to the main process: a scheduler signals the whole process
+    group, and a worker that died of it would fail the step the main process means to finish
+    before its checkpoint. Workers still exit with their parent (DataLoader's watchdog)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def build_torchvision_loader(
     samples: list[tuple[str, int]],
     *,
@@ -259,5 +268,6 @@ def build_torchvision_loader(
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
+        worker_init_fn=_ignore_stop_signals,
     )
     return DeviceLoader(loader, device, dtype, channels_last, sampler, triton_normalize)
