@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import FAST, last_checkpoint
+from tests.conftest import FAST, last_checkpoint, train_loader
 
 pytestmark = pytest.mark.slow
 
@@ -212,7 +212,7 @@ def odd_data(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 def test_torchvision_loader_converts_odd_images_and_skips_broken_ones(odd_data):
     from fasttrain.data.folder import scan_folder
-    from fasttrain.data.torchvision import ImageFolderDataset, build_torchvision_loader
+    from fasttrain.data.torchvision import ImageFolderDataset
 
     root, expect = odd_data
     samples = scan_folder(root).train
@@ -227,19 +227,7 @@ def test_torchvision_loader_converts_odd_images_and_skips_broken_ones(odd_data):
             assert got_label == label and bad == "", name
         if name == "sixteen.png":  # scaled to 8 bits, not clipped to white
             assert 60 < x.float().mean() < 200
-    loader = build_torchvision_loader(
-        samples,
-        train=True,
-        image_size=32,
-        batch_size=4,
-        workers=0,
-        seed=0,
-        rank=0,
-        world=1,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        channels_last=True,
-    )
+    loader = train_loader(samples, batch_size=4)
     loader.set_epoch(0)
     batches = list(loader)
     assert len(batches) == len(samples) // 4
