@@ -23,7 +23,8 @@ run() {  # name, then fasttrain flags (GPU0); skipped when the call's time is ne
   CUDA_VISIBLE_DEVICES=0 python -m fasttrain --output-dir /tmp/runs/$name "$@" >> $b/runs.txt 2>&1
   summary "$name"
 }
-synth=(--loader synthetic --synthetic-steps 39 --num-classes 10 --eval-every 0 --config configs/sample.yaml)
+synth=(--loader synthetic --synthetic-steps 39 --num-classes 10 --eval-every 0 --config configs/sample.yaml
+       --compile-mode default)  # as measured; auto would autotune for synthetic data
 if [ "$part" = a ]; then
   { git rev-parse --short HEAD; nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm --format=csv; nproc; } > $b/machine.txt 2>&1
   setsid nohup bash -c '
