@@ -42,11 +42,31 @@ def check_data(argv: Sequence[str]) -> int:
         "--output",
         help="where to write the list (default: the cache, where training finds it for --data DIR)",
     )
+    p.add_argument(
+        "--no-dali",
+        action="store_true",
+        help="skip the second pass through DALI's decoder (run where DALI is installed)",
+    )
     args = p.parse_args(argv)
     t = time.perf_counter()
     checked, bad = find_bad_files(
         args.dir, max(1, args.workers), progress=lambda i, n: say(f"checked {i:,} / {n:,}")
     )
+    from fasttrain.data.dali import dali_available
+
+    if dali_available() and not args.no_dali:
+        from fasttrain.data.check import find_dali_rejects
+        from fasttrain.data.folder import scan_folder
+
+        rejected = {path for path, _ in bad}
+        ds = scan_folder(args.dir)
+        good = [path for path, _ in ds.train + ds.val if path not in rejected]
+        say(f"decoding the {len(good):,} files PIL read with DALI's decoder too")
+        bad += find_dali_rejects(
+            good,
+            max(1, args.workers),
+            progress=lambda i, n: i % 4096 < 64 and say(f"DALI checked {i:,} / {n:,}"),
+        )
     for path, reason in bad:
         print(f"{path}\t{reason}")
     out = Path(args.output) if args.output else default_exclude_list(args.dir)

@@ -187,6 +187,9 @@ def odd_images(root: Path) -> dict[str, str]:
     Image.fromarray(sixteen).save(root / "train/b/sixteen.png")
     rgb().save(root / "train/b/png_named.jpg", format="PNG")
     Image.new("RGB", (10000, 10000), (90, 120, 200)).save(root / "train/b/huge.jpg", quality=50)
+    tga = io.BytesIO()
+    rgb().save(tga, format="TGA")
+    (root / "train/a/tga_named.jpg").write_bytes(tga.getvalue())  # PIL reads it, DALI does not
     (root / "train/a/text.jpg").write_text("not an image at all\n")
     (root / "train/b/zero.jpg").write_bytes(b"")
     buf = io.BytesIO()
@@ -198,6 +201,7 @@ def odd_images(root: Path) -> dict[str, str]:
         "sixteen.png": "converted",
         "png_named.jpg": "converted",
         "huge.jpg": "converted",
+        "tga_named.jpg": "converted",
         "text.jpg": "skipped",
         "zero.jpg": "skipped",
         "truncated.jpg": "skipped",
@@ -237,14 +241,21 @@ def test_torchvision_loader_converts_odd_images_and_skips_broken_ones(odd_data):
 
 def test_dali_decodes_every_odd_image_once_check_data_listed_the_broken(odd_data, tmp_path):
     pytest.importorskip("nvidia.dali")
-    from fasttrain.data.check import find_bad_files
+    from fasttrain.data.check import find_bad_files, find_dali_rejects
     from fasttrain.data.dali import DaliLoader
     from fasttrain.data.folder import scan_folder
 
     root, expect = odd_data
     _, bad = find_bad_files(root, workers=2)
     assert {Path(p).name for p, _ in bad} == {n for n, w in expect.items() if w == "skipped"}
-    samples = scan_folder(root, {p for p, _ in bad}).train
+    # the second pass: what PIL read, through DALI's own decoder (as check-data runs it)
+    rejected = {p for p, _ in bad}
+    scanned = scan_folder(root)
+    good = [p for p, _ in scanned.train + scanned.val if p not in rejected]
+    dali_bad = find_dali_rejects(good, threads=2)
+    assert [Path(p).name for p, _ in dali_bad] == ["tga_named.jpg"]
+    assert "DALI's decoder rejects it" in dali_bad[0][1]
+    samples = scan_folder(root, rejected | {p for p, _ in dali_bad}).train
     indexed = [(path, i) for i, (path, _) in enumerate(samples)]
     loader = DaliLoader(
         indexed,
