@@ -19,6 +19,20 @@ from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.step import build_step, compile_kwargs
 
 
+def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, Any]:
+    """The keyword arguments every train loader takes, for one GPU (rank 0 of 1), seed 0."""
+    return dict(
+        train=True,
+        image_size=image_size,
+        batch_size=batch,
+        seed=0,
+        rank=0,
+        world=1,
+        device=device,
+        channels_last=True,
+    )
+
+
 def timed(
     step_fn: Callable[[], None], images: int, warmup: int = 30, block: int = 25, blocks: int = 6
 ) -> tuple[float, list[float]]:

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 
 import torch
+from common import loader_args  # bench/common.py: the script's folder is on sys.path
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -89,19 +90,7 @@ def main() -> None:
     def dali(**kw) -> DaliLoader:
         args = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
         args.update(kw)
-        return DaliLoader(
-            samples,
-            train=True,
-            image_size=SIZE,
-            batch_size=BATCH,
-            seed=0,
-            rank=0,
-            world=1,
-            local_rank=0,
-            device=dev,
-            channels_last=True,
-            **args,
-        )
+        return DaliLoader(samples, local_rank=0, **loader_args(BATCH, SIZE, dev), **args)
 
     t0 = time.perf_counter()
     rate(Fixed(10), epochs=1)  # compile, warm-up and capture

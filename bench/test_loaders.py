@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from common import loader_args  # bench/common.py
 
 from fasttrain.data.folder import scan_folder
 
@@ -18,16 +19,7 @@ HAS_DALI = importlib.util.find_spec("nvidia") is not None and (
 
 
 def common() -> dict:
-    return dict(
-        train=True,
-        image_size=SIZE,
-        batch_size=BATCH,
-        seed=0,
-        rank=0,
-        world=1,
-        device=torch.device("cuda"),
-        channels_last=True,
-    )
+    return loader_args(BATCH, SIZE, torch.device("cuda"))
 
 
 def run_epochs(benchmark, loader, rounds: int) -> None:

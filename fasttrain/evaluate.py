@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fasttrain.distributed import DistState
-from fasttrain.step import blame
+from fasttrain.graphs import blame, capture, on_side_stream
 
 log = logging.getLogger("fasttrain")
 
@@ -63,24 +63,15 @@ class Evaluator:
         if self.graph is None:
             self.static_in = images.clone(memory_format=torch.preserve_format)
             side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.logits(self.static_in)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.current_stream()
+            on_side_stream(lambda: [self.logits(self.static_in) for _ in range(2)], side)
             try:
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    self.static_out = self.logits(self.static_in)
-            except Exception as e:
-                torch.cuda.set_stream(stream)
+                self.graph, self.static_out = capture(lambda: self.logits(self.static_in), side)
+            except Exception as e:  # report it, then evaluate ungraphed
                 self.cuda_graphs = False
                 log.warning(
                     "--cuda-graphs: capturing eval failed, so it runs ungraphed: %s", blame(e)
                 )
                 return self.logits(images)
-            self.graph = graph
         self.static_in.copy_(images)
         self.graph.replay()
         return self.static_out

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
 from fasttrain.optim import Schedule, set_lr
 from fasttrain.profiling import span
@@ -97,7 +97,7 @@ class EagerStep:
         self._micro_steps(batches, meter)
         with span("fasttrain.optimizer"):
             self._optimizer_step()
-        meter.samples += sum(images.shape[0] for images, _ in batches)
+        meter.samples += images_in(batches)
         # set to None: backward then hands over fresh gradients instead of adding into zeroed ones,
         # one kernel fewer per parameter (measured +1.6% eager on an H200, bench/eager_overhead.py)
         self.optimizer.zero_grad(set_to_none=True)
@@ -187,16 +187,15 @@ class GraphedStep:
                 _into(sy, y)
         with span("fasttrain.graph_replay"):
             self.graph.replay()
-        meter.samples += sum(images.shape[0] for images, _ in batches)
+        meter.samples += images_in(batches)
 
     def _warm_up(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
-        side = self.side
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        def step() -> None:
             self._body(batches, meter)
             self.base.optimizer.zero_grad(set_to_none=True)
-        torch.cuda.current_stream().wait_stream(side)
-        meter.samples += sum(images.shape[0] for images, _ in batches)
+
+        on_side_stream(step, self.side)
+        meter.samples += images_in(batches)
         self.warmed += 1
 
     def _capture(self, batches: Sequence[Batch], meter: DeviceMeter) -> bool:
@@ -209,16 +208,11 @@ class GraphedStep:
                 (x.clone(memory_format=torch.preserve_format), y.clone()) for x, y in batches
             ]
         self.meter = meter
-        stream = torch.cuda.current_stream()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: DALI's worker threads keep using CUDA while this thread captures
-            with torch.cuda.graph(graph, stream=self.side, capture_error_mode="thread_local"):
-                self._body(self.static, meter)
-        except Exception as e:
-            torch.cuda.set_stream(stream)  # a failed capture can leave the capture stream current
+            graph, _ = capture(lambda: self._body(self.static, meter), self.side)
+        except Exception as e:  # any failure: report it, then train ungraphed
             self.failed = True
             self.static = []
             self.base.optimizer.zero_grad(set_to_none=True)
@@ -237,23 +231,14 @@ class GraphedStep:
         return True
 
 
+def images_in(batches: Sequence[Batch]) -> int:
+    return sum(images.shape[0] for images, _ in batches)
+
+
 def _into(static: torch.Tensor, batch: torch.Tensor) -> None:
     """Make ``static`` hold ``batch``: nothing to do when the loader filled it in place."""
     if batch.data_ptr() != static.data_ptr() or batch.stride() != static.stride():
         static.copy_(batch, non_blocking=True)
-
-
-def blame(e: BaseException) -> str:
-    """The first failure in ``e``'s chain and the innermost source line that raised it."""
-    root = e
-    while root.__context__ is not None and root.__context__ is not root:
-        root = root.__context__
-    frames = traceback.extract_tb(root.__traceback__)
-    message = (str(root).strip().splitlines() or [""])[0]
-    if not frames:
-        return f"{type(root).__name__}: {message}"
-    f = frames[-1]
-    return f"{type(root).__name__}: {message} at {f.filename}:{f.lineno} ({f.name}: {f.line})"
 
 
 def build_step(

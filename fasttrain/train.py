@@ -63,6 +63,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
+    gpus = dist.world_size * replicas
     global_batch = loader_batch * dist.world_size * t.accum_steps
 
     # ---- build -------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         t.strategy,
         global_batch,
         t.batch_size,
-        dist.world_size * replicas,
+        gpus,
         t.accum_steps,
         schedule.peak_lr,
         steps_per_epoch,
@@ -174,7 +175,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         is_main=dist.is_main,
         total_steps=int(total_steps),
         start_step=step,
-        world_size=dist.world_size * replicas,
+        world_size=gpus,
         device=dist.device,
     )
     meter = DeviceMeter(dist.device, dist)
@@ -182,15 +183,23 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     profiler = RunProfiler(r, run_dir, dist)
     summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}
     last_eval: dict[str, float] | None = None
-    eval_step = saved_step = -1
+    eval_step = saved_step = bn_averaged_step = -1
     first_step = True
+
+    def agree_on_bn_statistics(step: int) -> None:
+        """Average BN statistics over ranks, once per step reached (eval and the epoch's
+        checkpoint both want it)."""
+        nonlocal bn_averaged_step
+        if bn_averaged_step != step:
+            average_bn_statistics(model, dist)
+            bn_averaged_step = step
 
     def save(step: int, loader_state: bool = True) -> None:
         """``loader_state=False``: the loader has run past ``step`` (an OOM mid-step); the
         resumed run then restarts the reader within the epoch instead."""
         nonlocal saved_step
         if saved_step != step:
-            average_bn_statistics(model, dist)  # one model on every rank, before it is saved
+            agree_on_bn_statistics(step)  # one model on every rank, before it is saved
             loader_states = dist.all_gather_object(  # DALI's reader states, one per rank
                 data.train.state_dict() if loader_state else {},
                 what="the all_gather of loader states for a checkpoint",
@@ -198,7 +207,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             if dist.is_main:
                 _save(
                     run_dir,
-                    r.keep_checkpoints,
                     cfg,
                     model,
                     optimizer,
@@ -206,7 +214,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                     loader_states,
                     step,
                     steps_per_epoch,
-                    t.accum_steps,
                     global_batch,
                 )
             # nobody runs ahead of a checkpoint that may be the one resumed
@@ -240,7 +247,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
 
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step
-        average_bn_statistics(model, dist)
+        agree_on_bn_statistics(step)
         with span("fasttrain.eval"):
             last_eval, eval_step = evaluator(data.val), step
         metrics.log_eval(step, epoch, last_eval)
@@ -333,8 +340,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         {
             "steps": step,
             "img_per_s": metrics.steady_rate(),
-            "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / (dist.world_size * replicas),
-            "gpus": dist.world_size * replicas,
+            "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / gpus,
+            "gpus": gpus,
             "peak_mem_gib": peak_memory_gib(dist.device),
             "wall_s": time.perf_counter() - t_start,
             "capture_s": getattr(train_step, "capture_s", None),
@@ -363,12 +370,12 @@ def _report_profile(profiler: RunProfiler, metrics: Metrics, step: int, dist: Di
     TensorBoard (main process) as ``profile/<part>_ms``."""
     from dataclasses import asdict
 
-    from fasttrain.breakdown import load_trace, mean, step_times, summarize, table
+    from fasttrain.breakdown import StepTimes, mean, summarize, table
 
-    summaries = [summarize(p) for p in profiler.traces()]
+    summaries = [summarize(p) for p in profiler.traces()]  # each trace read once
     for s in summaries:
         log.info("%s", table(s))
-    overall = mean([st for p in profiler.traces() for st in step_times(load_trace(p))])
+    overall = mean([StepTimes(**st) for s in summaries for st in s["steps"]])
     out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
     path = profiler.trace_dir / f"breakdown-rank{dist.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -384,19 +391,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _save(
-    run_dir,
-    keep,
-    cfg,
-    model,
-    optimizer,
-    scaler,
-    loader_states,
-    step,
-    steps_per_epoch,
-    accum,
-    global_batch,
+    run_dir, cfg, model, optimizer, scaler, loader_states, step, steps_per_epoch, global_batch
 ) -> None:
     epoch, in_epoch = divmod(step, steps_per_epoch)
+    accum = cfg.train.accum_steps
     state = {
         "model": model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
         "optimizer": _optimizer_state(optimizer),
@@ -415,7 +413,7 @@ def _save(
         "config": cfg.to_dict(),
     }
     try:
-        path = ckpt.save_checkpoint(state, run_dir, step, keep)
+        path = ckpt.save_checkpoint(state, run_dir, step, cfg.run.keep_checkpoints)
     except OSError as e:  # a full disk, a lost mount: loud, and the previous one is intact
         previous = ckpt.list_checkpoints(run_dir)
         raise CheckpointWriteError(

@@ -58,18 +58,31 @@ def find_dali_rejects(
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch, num_threads=max(1, threads), device_id=None)
+    # synchronous, no prefetch: each run decodes exactly the chunk just fed
+    @pipeline_def(
+        batch_size=batch,
+        num_threads=max(1, threads),
+        device_id=None,
+        prefetch_queue_depth=1,
+        exec_pipelined=False,
+        exec_async=False,
+    )
     def decode():
         encoded = fn.external_source(name="encoded", dtype=types.UINT8)
         return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
 
+    pipe = None
+
     def fails(chunk: list[str]) -> str | None:
-        pipe = decode()  # a fresh pipeline: one that raised is not reused
-        pipe.build()
+        nonlocal pipe
+        if pipe is None:  # built once, and again only after a failure: a pipeline that raised
+            pipe = decode()  # is no longer valid
+            pipe.build()
         pipe.feed_input("encoded", [np.fromfile(f, dtype=np.uint8) for f in chunk])
         try:
             pipe.run()
         except RuntimeError as e:  # DALI's own words follow "encountered:"
+            pipe = None
             lines = [x.strip() for x in str(e).splitlines() if x.strip()]
             after = lines[lines.index("encountered:") + 1 :] if "encountered:" in lines else lines
             return "DALI's decoder rejects it: " + (after[0] if after else "error")[:160]

@@ -216,11 +216,11 @@ class DaliLoader:
         self.start_batch = 0
         self.fresh = state is None  # nothing run yet, nothing restored
         self.handoff = handoff if gpu else "host"
+        self.held = buffers  # batches the caller holds at once
         if self.handoff == "copy_stream":  # two buffers per held batch: fill one, train on one
             buffers *= 2
             self.copy_stream = torch.cuda.Stream(device)
             self.enqueued: list[torch.cuda.Event] = []
-        self.held = buffers if self.handoff != "copy_stream" else buffers // 2
         # fixed output buffers: NHWC storage, handed out as channels_last NCHW views
         self.buffers = [
             (

@@ -1,0 +1,51 @@
+"""CUDA-graph mechanics shared by the graphed train step and graphed evaluation: warm-up on a
+side stream, capture that leaves the current stream as it found it, and the one-line account of
+what broke a capture."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def on_side_stream(fn: Callable[[], T], side: torch.cuda.Stream) -> T:
+    """Run ``fn`` on ``side``, ordered after the current stream's work and before its next."""
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return out
+
+
+def capture(fn: Callable[[], T], side: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record ``fn`` (not run it) in a new CUDA graph on ``side``; returns the graph and what
+    ``fn`` returned (tensors the replays refill). On failure the exception propagates, with the
+    current stream restored: a failed capture can leave the capture stream current."""
+    current = torch.cuda.current_stream()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        # thread_local: DALI's worker threads keep using CUDA while this thread captures
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            out = fn()
+    except Exception:
+        torch.cuda.set_stream(current)
+        raise
+    return graph, out
+
+
+def blame(e: BaseException) -> str:
+    """The first failure in ``e``'s chain and the innermost source line that raised it."""
+    root = e
+    while root.__context__ is not None and root.__context__ is not root:
+        root = root.__context__
+    frames = traceback.extract_tb(root.__traceback__)
+    message = (str(root).strip().splitlines() or [""])[0]
+    if not frames:
+        return f"{type(root).__name__}: {message}"
+    f = frames[-1]
+    return f"{type(root).__name__}: {message} at {f.filename}:{f.lineno} ({f.name}: {f.line})"
