@@ -1,12 +1,15 @@
 """Where DALI's end-to-end cost goes: one compiled + graphed ResNet-50 step (batch 256, bf16) fed
-by synthetic data and by DALI with each batch hand-off, side by side in one process; then a
-profile of synthetic vs DALI steps (kernel time per step, and the kernels only DALI runs).
+by synthetic data and by DALI under each executor setting, side by side in one process; DALI
+alone, and DALI pulled while the step trains on synthetic data; then a trace of each feed with
+where the GPU idles and what the host threads wait on.
 
 Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR]  (default: the sample dataset)
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -26,6 +29,7 @@ from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.step import build_step
 
 BATCH, SIZE = 256, 224
+TRACE_DIR = os.environ.get("TRACE_DIR", "/tmp/bench")
 
 
 class Fixed:
@@ -88,54 +92,134 @@ def main() -> None:
         return images / (time.perf_counter() - t)
 
     def dali(**kw) -> DaliLoader:
-        args = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
+        args: dict = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
         args.update(kw)
         return DaliLoader(samples, local_rank=0, **loader_args(BATCH, SIZE, dev), **args)
 
     t0 = time.perf_counter()
     rate(Fixed(10), epochs=1)  # compile, warm-up and capture
     print(f"compile + capture: {time.perf_counter() - t0:.0f} s", flush=True)
+    from nvidia.dali import StreamPolicy
+
+    per_epoch = len(samples) // BATCH
     variants = {
-        "synthetic (fp16, one buffer)": lambda: Fixed(len(samples) // BATCH),
-        "dali host-sync, prefetch 2": lambda: dali(),
-        "dali host-sync, prefetch 4": lambda: dali(prefetch=4),
-        "dali stream-ordered, prefetch 2": lambda: dali(handoff="stream"),
-        "dali copy stream, prefetch 2": lambda: dali(handoff="copy_stream"),
-        "dali copy stream, prefetch 4": lambda: dali(handoff="copy_stream", prefetch=4),
-        "dali host-sync, 12 threads": lambda: dali(threads=12),
+        "synthetic (fp16, one buffer)": lambda: Fixed(per_epoch),
+        "dali (dynamic executor, hw 0.99, 8 threads)": lambda: dali(),
+        "dali hw_decoder_load 1.0": lambda: dali(hw_decoder_load=1.0),
+        "dali legacy executor": lambda: dali(pipeline_kw={"exec_dynamic": False}),
+        "dali legacy executor, prefetch 4": lambda: dali(
+            prefetch=4, pipeline_kw={"exec_dynamic": False}
+        ),
+        "dali stream policy single": lambda: dali(
+            pipeline_kw={"stream_policy": StreamPolicy.SINGLE}
+        ),
+        "dali set_affinity": lambda: dali(pipeline_kw={"set_affinity": True}),
+        "dali 16 threads": lambda: dali(threads=16),
     }
     results = {}
     for name, make in variants.items():
-        loader = make()
-        results[name] = rate(loader)
-        print(f"{name:40s} {results[name]:8,.0f} img/s", flush=True)
+        try:
+            loader = make()
+            results[name] = rate(loader)
+        except Exception as e:  # a variant this DALI build refuses: say so, go on
+            print(f"{name:48s} failed: {str(e).splitlines()[0][:200]}", flush=True)
+            continue
+        print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
         del loader
+
+    # the two halves apart: DALI alone, and DALI pulled while the step trains on synthetic data
+    # (the same GPU load, without the data dependency)
+    loader, fixed = dali(), Fixed(per_epoch)
+
+    def alone(e: int) -> int:
+        loader.set_epoch(e)
+        return sum(x.shape[0] for x, _ in loader)
+
+    def pulled(e: int) -> int:
+        loader.set_epoch(e)
+        images = 0
+        for (x, _), (fx, fy) in zip(loader, fixed, strict=False):
+            step([(fx, fy)], meter, n[0])
+            n[0] += 1
+            images += x.shape[0]
+        return images
+
+    for name, fn in (("dali alone (no step)", alone), ("dali pulled, step on synthetic", pulled)):
+        fn(0)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        images = sum(fn(e) for e in range(1, 4))
+        torch.cuda.synchronize()
+        results[name] = images / (time.perf_counter() - t)
+        print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
+    del loader
+
     base = results["synthetic (fp16, one buffer)"]
     print("\n| feed | img/s | vs synthetic |\n|---|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r:,.0f} | {100 * (r / base - 1):+.1f}% |")
 
-    # kernel time per step, synthetic vs DALI (host-sync), 10 profiled steps each
-    per_kernel = {}
+    # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
+    # threads wait on
     for name, loader in (("synthetic", Fixed(20)), ("dali", dali())):
         epoch(loader, 0)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             loader.set_epoch(1)
             for i, (x, y) in enumerate(loader):
-                if i == 10:
+                if i == 12:
                     break
                 step([(x, y)], meter, n[0])
             torch.cuda.synchronize()
-        totals = defaultdict(float)
-        for ev in prof.key_averages():
-            if ev.device_time_total > 0 and ev.device_type.name == "CUDA":
-                totals[ev.key] += ev.device_time_total / 10 / 1e3  # ms per step
-        per_kernel[name] = totals
-        print(f"\n{name}: {sum(totals.values()):.2f} ms of GPU kernels and copies per step")
-    only = {k: v for k, v in per_kernel["dali"].items() if k not in per_kernel["synthetic"]}
-    print("kernels only in the DALI run (ms per step):")
-    for k, v in sorted(only.items(), key=lambda kv: -kv[1])[:15]:
-        print(f"  {v:7.3f}  {k[:110]}")
+        path = f"{TRACE_DIR}/{name}.json"
+        prof.export_chrome_trace(path)
+        print(f"\n== {name}: {path}")
+        summarize(path, steps=12)
+
+
+def summarize(path: str, steps: int) -> None:
+    """GPU busy and idle per step, busy time per stream, and host time spent in CUDA
+    synchronisation calls per thread, from a chrome trace."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu.sort(key=lambda e: e["ts"])
+    t0, t1 = gpu[0]["ts"], max(e["ts"] + e["dur"] for e in gpu)
+    busy, end = 0.0, t0
+    gaps = []
+    for e in gpu:
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if s > end:
+            gaps.append((s - end, e))
+        busy += max(0.0, f - max(s, end))
+        end = max(end, f)
+    span = t1 - t0
+    print(
+        f"window {span / 1e3:.1f} ms, GPU busy {busy / 1e3 / steps:.2f} ms/step, "
+        f"idle {(span - busy) / 1e3 / steps:.2f} ms/step"
+    )
+    big = sorted(gaps, key=lambda g: -g[0])[:8]
+    print("largest idle gaps (ms, and the event that ended each: the first after it):")
+    for g, e in big:
+        print(f"  {g / 1e3:6.2f}  stream {e['args'].get('stream')}  {e['name'][:90]}")
+    per_stream = defaultdict(lambda: [0.0, 0])
+    for e in gpu:
+        acc = per_stream[e["args"].get("stream")]
+        acc[0] += e["dur"]
+        acc[1] += 1
+    print("per stream: ms/step, events/step")
+    for st, (d, c) in sorted(per_stream.items(), key=lambda kv: -kv[1][0]):
+        print(f"  stream {st}: {d / 1e3 / steps:7.2f}  {c / steps:7.1f}")
+    syncs = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and (
+            "ynchronize" in e["name"] or "Query" in e["name"] or "Wait" in e["name"]
+        ):
+            acc = syncs[(e["tid"], e["name"])]
+            acc[0] += e["dur"]
+            acc[1] += 1
+    print("host sync/wait calls per thread: ms/step, calls/step")
+    for (tid, nm), (d, c) in sorted(syncs.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"  tid {tid}: {nm:32s} {d / 1e3 / steps:7.2f}  {c / steps:6.1f}")
 
 
 if __name__ == "__main__":

@@ -166,13 +166,15 @@ class DaliLoader:
         channels_last: bool,
         buffers: int = 1,
         state: dict[str, Any] | None = None,
-        prefetch: int = 2,
+        prefetch: int | dict[str, int] = 2,
         handoff: str = "host",
+        pipeline_kw: dict[str, Any] | None = None,
     ):
         """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
         its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
         ``prefetch``: DALI's prefetch queue depth. ``handoff``: how a batch reaches the caller's
-        stream (see ``__iter__``): "host", "stream" or "copy_stream"."""
+        stream (see ``__iter__``): "host", "stream" or "copy_stream". ``pipeline_kw``: more
+        ``Pipeline`` arguments (executor, stream policy), for the benchmarks that compare them."""
         require_dali()
         self.train = train
         self.batch_size = batch_size
@@ -200,6 +202,7 @@ class DaliLoader:
             seed=seed + 1,
             prefetch_queue_depth=prefetch,
             **({"checkpoint": state["dali"]} if state else {}),
+            **(pipeline_kw or {}),
         )
         self.pipe.build()
         padded_shard = math.ceil(n / world)
