@@ -99,22 +99,19 @@ def main() -> None:
     t0 = time.perf_counter()
     rate(Fixed(10), epochs=1)  # compile, warm-up and capture
     print(f"compile + capture: {time.perf_counter() - t0:.0f} s", flush=True)
-    from nvidia.dali import StreamPolicy
 
     per_epoch = len(samples) // BATCH
     variants = {
         "synthetic (fp16, one buffer)": lambda: Fixed(per_epoch),
-        "dali (dynamic executor, hw 0.99, 8 threads)": lambda: dali(),
-        "dali hw_decoder_load 1.0": lambda: dali(hw_decoder_load=1.0),
-        "dali legacy executor": lambda: dali(pipeline_kw={"exec_dynamic": False}),
-        "dali legacy executor, prefetch 4": lambda: dali(
-            prefetch=4, pipeline_kw={"exec_dynamic": False}
+        "dali, 1 pipeline, 8 threads": lambda: dali(),
+        "dali, 2 pipelines, 8 threads": lambda: dali(pipelines=2),
+        "dali, 4 pipelines, 8 threads": lambda: dali(pipelines=4),
+        "dali, 4 pipelines, 16 threads": lambda: dali(pipelines=4, threads=16),
+        "dali, 8 pipelines, 16 threads": lambda: dali(pipelines=8, threads=16),
+        "dali, 1 pipeline, hw 0.65, 16 threads": lambda: dali(hw_decoder_load=0.65, threads=16),
+        "dali, 4 pipelines, legacy executor": lambda: dali(
+            pipelines=4, pipeline_kw={"exec_dynamic": False}
         ),
-        "dali stream policy single": lambda: dali(
-            pipeline_kw={"stream_policy": StreamPolicy.SINGLE}
-        ),
-        "dali set_affinity": lambda: dali(pipeline_kw={"set_affinity": True}),
-        "dali 16 threads": lambda: dali(threads=16),
     }
     results = {}
     for name, make in variants.items():
@@ -129,7 +126,7 @@ def main() -> None:
 
     # the two halves apart: DALI alone, and DALI pulled while the step trains on synthetic data
     # (the same GPU load, without the data dependency)
-    loader, fixed = dali(), Fixed(per_epoch)
+    loader, fixed = dali(pipelines=4), Fixed(per_epoch)
 
     def alone(e: int) -> int:
         loader.set_epoch(e)
@@ -138,13 +135,16 @@ def main() -> None:
     def pulled(e: int) -> int:
         loader.set_epoch(e)
         images = 0
-        for (x, _), (fx, fy) in zip(loader, fixed, strict=False):
+        for (x, _), (fx, fy) in zip(loader, fixed, strict=False):  # len(loader) steps
             step([(fx, fy)], meter, n[0])
             n[0] += 1
             images += x.shape[0]
         return images
 
-    for name, fn in (("dali alone (no step)", alone), ("dali pulled, step on synthetic", pulled)):
+    for name, fn in (
+        ("dali alone (no step), 4 pipelines", alone),
+        ("dali pulled, step on synthetic, 4 pipelines", pulled),
+    ):
         fn(0)
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -161,7 +161,7 @@ def main() -> None:
 
     # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
     # threads wait on
-    for name, loader in (("synthetic", Fixed(20)), ("dali", dali())):
+    for name, loader in (("synthetic", Fixed(20)), ("dali", dali()), ("dali4", dali(pipelines=4))):
         epoch(loader, 0)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             loader.set_epoch(1)

@@ -9,8 +9,7 @@ set -uo pipefail
 part=${1:?c1 or c2}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
-bash /tmp/dali-stash/unpack.sh install > /dev/null || exit 1
-export PYTHONPATH=/tmp/dali-site:$PWD PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache
+source bench/device_env.sh
 summary() {
   python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
     "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl

@@ -8,7 +8,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD  # the GPU image has every dependency; no install needed
+python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null  # kernels/ as fasttrain.kernels
 export FASTTRAIN_CACHE=/tmp/fasttrain-cache
 steps=${SYNTH_STEPS:-300}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$out/gpu.txt"

@@ -10,8 +10,7 @@ set -uo pipefail
 part=${1:?a or b}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
-bash /tmp/dali-stash/unpack.sh install > /dev/null || exit 1
-export PYTHONPATH=/tmp/dali-site:$PWD PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache
+source bench/device_env.sh
 summary() {  # run name -> one JSON line of its summary.json
   python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
     "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl

@@ -4,9 +4,10 @@
 # Usage there: bash bench/gpu_suite.sh   (after the DALI stash, for the DALI loader rows)
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
-[ -e /tmp/dali-stash/unpack.sh ] && bash /tmp/dali-stash/unpack.sh install > /dev/null \
-  && export PYTHONPATH=/tmp/dali-site:${PYTHONPATH:-}
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache
+if [ -e /tmp/dali-stash/unpack.sh ]; then source bench/device_env.sh  # our GPU machine
+else  # a user's machine: fasttrain installed as the README says
+  export PYTHONUNBUFFERED=1
+fi
 python -m pytest -q -p no:cacheprovider bench/ --benchmark-json "$out/bench.json" \
   --benchmark-columns=median,rounds 2>&1 | tee "$out/bench-log.txt" | tail -20
 png=(); python -c "import matplotlib" 2>/dev/null && png=(--png "$out/bench.png")

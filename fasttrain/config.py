@@ -41,6 +41,7 @@ class DataConfig:
     synthetic_steps: int = 0  # steps per epoch of the synthetic loader; 0: an ImageNet-sized epoch
     dali_threads: int = 8
     dali_hw_decoder_load: float = 0.99
+    dali_pipelines: int = 1
 
 
 @dataclass
@@ -206,7 +207,17 @@ OPTIONS: tuple[Option, ...] = (
         "--dali-threads",
         "data.dali_threads",
         int,
-        "with --loader dali: CPU threads per pipeline",
+        "with --loader dali: CPU threads per process, shared by its train pipelines",
+        minimum=1,
+    ),
+    Option(
+        "--dali-pipelines",
+        "data.dali_pipelines",
+        int,
+        "with --loader dali: train pipelines per process, each a part of the shard, taking "
+        "turns batch by batch. A busy GPU starves the hardware decoder's small per-image "
+        "kernels until the step ends; several pipelines finish their batches in the same gap "
+        "(docs/DESIGN.md)",
         minimum=1,
     ),
     Option(

@@ -126,6 +126,60 @@ def test_resume_continues_with_the_samples_not_yet_seen(tiny_data):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
+def test_pipelines_taking_turns_split_the_shard_disjointly(tiny_data):
+    """Three pipelines per rank on two ranks: six sub-shards that still cover the set once."""
+    samples = indexed(scan_folder(tiny_data).train)  # 192 files: 32 per sub-shard, 2 batches
+    seen = []
+    for r in range(2):
+        ld = loader(samples, rank=r, world=2, pipelines=3)
+        assert len(ld) == 6
+        seen.append(torch.cat([y for _, y in epoch(ld)]))
+    assert not set(seen[0].tolist()) & set(seen[1].tolist())
+    assert sorted(torch.cat(seen).tolist()) == list(range(192))
+
+
+@pytest.mark.parametrize("taken", [1, 3])
+def test_resume_with_several_pipelines_continues_exactly(tiny_data, taken):
+    samples = indexed(scan_folder(tiny_data).train)  # 2 pipelines: 6 batches of 16 each
+    a = loader(samples, pipelines=2)
+    a.set_epoch(0)
+    it = iter(a)
+    for _ in range(taken):  # an odd count leaves the pipelines at different runs
+        next(it)
+    state = a.state_dict()
+    rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 1)
+    b = loader(samples, pipelines=2, state=state)
+    resumed = epoch(b, 0, taken) + epoch(b, 1)
+    assert len(resumed) == len(rest) == 12 - taken + 12
+    for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_state_from_another_pipeline_count_restarts_the_epoch_order(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)
+    a = loader(samples, pipelines=2)
+    a.set_epoch(0)
+    it = iter(a)
+    for _ in range(3):
+        next(it)
+    b = loader(samples, pipelines=3, state=a.state_dict())
+    rest = torch.cat([y for _, y in epoch(b, 0, 3)])
+    assert len(rest) == (len(b) - 3) * 16 and len(set(rest.tolist())) == len(rest)
+
+
+def test_a_one_pipeline_state_in_the_old_form_still_resumes(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)
+    a = loader(samples)
+    a.set_epoch(0)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    old = {"dali": state["dali"][0], "runs": state["runs"][0], "epoch": state["epoch"]}
+    rest = [y.clone() for _, y in it]
+    resumed = [y for _, y in epoch(loader(samples, state=old), 0, 1)]
+    assert all(torch.equal(p, q) for p, q in zip(rest, resumed, strict=True))
+
+
 def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path):
     common = [
         "--data",

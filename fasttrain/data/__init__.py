@@ -115,11 +115,19 @@ def build_data(
             local_rank=dist.local_rank,
             **common,
         )
-        train = DaliLoader(ds.train, train=True, buffers=accum_steps, state=loader_state, **dali)
+        train = DaliLoader(
+            ds.train,
+            train=True,
+            buffers=accum_steps,
+            state=loader_state,
+            pipelines=cfg.dali_pipelines,
+            **dali,
+        )
         val = DaliLoader(ds.val, train=False, **dali)
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
-            f"{cfg.dali_threads} threads)"
+            f"{cfg.dali_threads} threads, {cfg.dali_pipelines} train pipeline"
+            f"{'s' if cfg.dali_pipelines > 1 else ''})"
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)

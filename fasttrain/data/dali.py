@@ -168,13 +168,15 @@ class DaliLoader:
         state: dict[str, Any] | None = None,
         prefetch: int | dict[str, int] = 2,
         handoff: str = "host",
+        pipelines: int = 1,
         pipeline_kw: dict[str, Any] | None = None,
     ):
         """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
         its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
         ``prefetch``: DALI's prefetch queue depth. ``handoff``: how a batch reaches the caller's
-        stream (see ``__iter__``): "host", "stream" or "copy_stream". ``pipeline_kw``: more
-        ``Pipeline`` arguments (executor, stream policy), for the benchmarks that compare them."""
+        stream (see ``__iter__``): "host", "stream" or "copy_stream". ``pipelines``: train
+        pipelines on this rank, taking turns (``threads`` is split among them). ``pipeline_kw``:
+        more ``Pipeline`` arguments (executor, stream policy), for the benchmarks."""
         require_dali()
         self.train = train
         self.batch_size = batch_size
@@ -188,36 +190,44 @@ class DaliLoader:
         labels = [samples[i][1] for i in order]
         train_pipeline, val_pipeline = _pipelines()
         make = train_pipeline if train else val_pipeline
-        self.pipe = make(
-            files,
-            labels,
-            rank,
-            world,
-            image_size,
-            gpu,
-            hw_decoder_load,
-            batch_size=batch_size,
-            num_threads=threads,
-            device_id=local_rank if gpu else None,
-            seed=seed + 1,
-            prefetch_queue_depth=prefetch,
-            **({"checkpoint": state["dali"]} if state else {}),
-            **(pipeline_kw or {}),
-        )
-        self.pipe.build()
-        padded_shard = math.ceil(n / world)
-        self.runs_per_epoch = math.ceil(padded_shard / batch_size)
-        if train:
-            self.batches = n // world // batch_size
+        # train: several pipelines per rank, each a sub-shard, taking turns batch by batch (see
+        # the module notes); val keeps one, which counts every image once simply
+        self.parts = pipelines if train else 1
+        states = self._states(state, self.parts)
+        self.pipes = [
+            make(
+                files,
+                labels,
+                rank * self.parts + k,
+                world * self.parts,
+                image_size,
+                gpu,
+                hw_decoder_load,
+                batch_size=batch_size,
+                num_threads=max(1, threads // self.parts),
+                device_id=local_rank if gpu else None,
+                seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
+                prefetch_queue_depth=prefetch,
+                **({"checkpoint": states["dali"][k]} if states else {}),
+                **(pipeline_kw or {}),
+            )
+            for k in range(self.parts)
+        ]
+        for pipe in self.pipes:
+            pipe.build()
+        shards = world * self.parts
+        self.runs_per_epoch = math.ceil(math.ceil(n / shards) / batch_size)  # per pipeline
+        if train:  # the same count for every rank and pipeline: fixed shapes, equal steps
+            self.batches = n // shards // batch_size * self.parts
         else:
             self.batches = self.runs_per_epoch
             begin, end = shard_bounds(n, rank, world)
             self.shard_len = end - begin
-        # pipeline runs into the current epoch (a restored pipeline continues where it was saved)
-        self.runs = state["runs"] if state else 0
-        self.epoch = state["epoch"] if state else 0
+        # runs of each pipeline into the current epoch (restored pipelines continue where saved)
+        self.runs = list(states["runs"]) if states else [0] * self.parts
+        self.epoch = states["epoch"] if states else 0
         self.start_batch = 0
-        self.fresh = state is None  # nothing run yet, nothing restored
+        self.fresh = states is None  # nothing run yet, nothing restored
         self.handoff = handoff if gpu else "host"
         self.held = buffers  # batches the caller holds at once
         if self.handoff == "copy_stream":  # two buffers per held batch: fill one, train on one
@@ -243,32 +253,59 @@ class DaliLoader:
     def __len__(self) -> int:
         return self.batches
 
+    @staticmethod
+    def _states(state: dict[str, Any] | None, parts: int) -> dict[str, Any] | None:
+        """A saved state in the per-pipeline form (a one-pipeline state from before pipelines
+        were lists is read as a list of one); None where it was saved with another number of
+        pipelines, which then restarts the epoch's order like a change of world size."""
+        if state is None:
+            return None
+        dali, runs = state["dali"], state["runs"]
+        if not isinstance(dali, list):
+            dali, runs = [dali], [runs]
+        if len(dali) != parts:
+            return None
+        return {"dali": dali, "runs": runs, "epoch": state["epoch"]}
+
+    def _taken(self, k: int, batches: int) -> int:
+        """How many of an epoch's first ``batches`` batches pipeline ``k`` made (turns)."""
+        return (batches - k + self.parts - 1) // self.parts
+
+    def _skip(self, k: int, until: int) -> None:
+        while self.runs[k] < until:
+            self.pipes[k].run()
+            self.runs[k] += 1
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Start ``epoch``; a resumed run's pipeline (restored from its checkpoint) is already at
-        ``start_batch``. The previous epoch's unused runs are drained first."""
+        """Start ``epoch``; a resumed run's pipelines (restored from their checkpoint) are
+        already at ``start_batch``. The previous epoch's unused runs are drained first."""
         if self.fresh and (epoch, start_batch) != (0, 0):
-            # resumed without a reader state (saved at another world size): take up the epoch
-            # with this pipeline's first order, and run past the batches already trained on
+            # resumed without a reader state (saved at another world size or pipeline count):
+            # take up the epoch with this order, and run past the batches already trained on
             self.epoch = epoch
-            while self.runs < start_batch:
-                self.pipe.run()
-                self.runs += 1
+            for k in range(self.parts):
+                self._skip(k, self._taken(k, start_batch))
         self.fresh = False
         if epoch != self.epoch:
-            while self.runs < self.runs_per_epoch * (epoch - self.epoch):
-                self.pipe.run()
-                self.runs += 1
-            self.runs = 0
+            for k in range(self.parts):
+                self._skip(k, self.runs_per_epoch * (epoch - self.epoch))
+            self.runs = [0] * self.parts
             self.epoch = epoch
-        if self.runs != start_batch:
+        expected = [self._taken(k, start_batch) for k in range(self.parts)]
+        if self.runs != expected:
             raise RuntimeError(
-                f"DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for {start_batch}"
+                f"DALI pipelines are at batches {self.runs} of epoch {epoch}, "
+                f"asked for {expected} (batch {start_batch})"
             )
         self.start_batch = start_batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
-        return {"dali": self.pipe.checkpoint(), "epoch": self.epoch, "runs": self.runs}
+        """Each pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
+        return {
+            "dali": [pipe.checkpoint() for pipe in self.pipes],
+            "epoch": self.epoch,
+            "runs": list(self.runs),
+        }
 
     def _copy_out(self, images, labels, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
@@ -298,11 +335,12 @@ class DaliLoader:
                 event.record(torch.cuda.current_stream(self.device))
                 self.enqueued = [*self.enqueued[-self.held :], event]
             try:
+                k = i % self.parts  # the pipelines take turns
                 if self.handoff == "stream":  # outputs ordered on the caller's stream: no wait
                     stream = torch.cuda.current_stream(self.device).cuda_stream
-                    images, labels = self.pipe.run(stream)
+                    images, labels = self.pipes[k].run(stream)
                 else:  # host-synchronous outputs
-                    images, labels = self.pipe.run()
+                    images, labels = self.pipes[k].run()
             except RuntimeError as e:
                 if "decoders" not in str(e):
                     raise
@@ -312,7 +350,7 @@ class DaliLoader:
                     "which; run `python -m fasttrain check-data DIR` once (training then leaves "
                     "the bad files out), or use --loader torchvision, which skips them"
                 ) from None
-            self.runs += 1
+            self.runs[k] += 1
             with span("fasttrain.copy_in"):
                 x, y = self._copy_out(images, labels, i % len(self.buffers))
             if not self.train:  # padding past this rank's shard is not a sample
@@ -323,4 +361,4 @@ class DaliLoader:
                 x = x.contiguous()
             yield x, y
         if not self.train:
-            self.runs = 0  # val stays on its shard: the next evaluation starts it again
+            self.runs = [0]  # val stays on its shard: the next evaluation starts it again
