@@ -9,7 +9,7 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
 if [ "${1:-}" != collect ]; then
-  { git rev-parse --short HEAD; nvidia-smi --query-gpu=index,name,memory.total --format=csv; nproc; } > $b/machine.txt 2>&1
+  { git log -1 --format=%h; nvidia-smi --query-gpu=index,name,memory.total --format=csv; nproc; } > $b/machine.txt 2>&1
   python -c "from fasttrain.config import cache_dir; from fasttrain.data.sample import build_sample; build_sample(cache_dir())" > $b/sample.txt 2>&1
   setsid nohup bash -c "CUDA_VISIBLE_DEVICES=0 TRACE_DIR=$b python bench/dali_e2e.py > $b/dali_e2e.txt 2>&1; touch $b/DONE0" > /dev/null 2>&1 < /dev/null &
   setsid nohup bash -c "
