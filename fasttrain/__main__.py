@@ -146,6 +146,9 @@ def _first_exit(e) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
+    from fasttrain.distributed import claim_hardware_queues
+
+    claim_hardware_queues()  # before CUDA starts; torchrun's workers inherit it
     import torch
 
     from fasttrain.errors import UserError

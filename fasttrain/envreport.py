@@ -87,6 +87,9 @@ def env_report() -> str:
     lines.append(f"NCCL         {nccl}")
     lines.append(f"triton       {_version('triton', 'triton')}")
     lines.append(f"DALI         {_dali_version()}")
+    from fasttrain.distributed import HW_QUEUES_ENV
+
+    lines.append(f"CUDA queues  {HW_QUEUES_ENV}={os.environ.get(HW_QUEUES_ENV, 'unset (8)')}")
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         lines.append(f"GPUs         {n}")

@@ -229,10 +229,18 @@ def test_cli_process_prints_no_traceback(tmp_path):
     ]
 
 
-def test_env_report(capsys):
+def test_env_report(capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     code = main(["env"])
     out = capsys.readouterr().out
     assert code == 0
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in out  # main claimed the hardware queues
     for field in ("torch", "CUDA", "cuDNN", "NCCL", "triton", "DALI", "GPUs"):
         assert field in out
     assert torch.__version__ in out
+
+
+def test_a_users_hardware_queue_setting_is_kept(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    assert main(["env"]) == 0
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in capsys.readouterr().out
