@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fasttrain.distributed import claim_hardware_queues
+
+claim_hardware_queues()  # as the trainer does, before any benchmark starts CUDA
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--bench-data", default=None, help="ImageFolder root for the loader suite")

@@ -23,6 +23,7 @@ from fasttrain.config import OptimConfig, cache_dir
 from fasttrain.data.dali import DaliLoader
 from fasttrain.data.folder import scan_folder
 from fasttrain.data.sample import build_sample
+from fasttrain.distributed import claim_hardware_queues
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
@@ -54,6 +55,7 @@ class Fixed:
 
 
 def main() -> None:
+    claim_hardware_queues()  # as the trainer does (CUDA_DEVICE_MAX_CONNECTIONS), unless set
     root = sys.argv[1] if len(sys.argv) > 1 else build_sample(cache_dir())
     samples = scan_folder(root).train
     torch.backends.cudnn.benchmark = True

@@ -16,8 +16,11 @@ import json
 import torch
 from common import measure_step  # bench/common.py: the script's folder is on sys.path
 
+from fasttrain.distributed import claim_hardware_queues
+
 
 def main() -> None:
+    claim_hardware_queues()  # as the trainer does (CUDA_DEVICE_MAX_CONNECTIONS), unless set
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, nargs="+", default=[256])
     p.add_argument("--kinds", nargs="+", default=["eager", "compiled", "compiled+graph"])

@@ -78,7 +78,7 @@ class TrainConfig:
     compile_mode: str = "auto"  # FASTEST_COMPILE_MODE on a GPU, except the sample demo
     inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
     cuda_graphs: bool = False
-    triton_kernels: str = "none"  # comma list of KERNELS: none measured faster yet
+    triton_kernels: str = "auto"  # comma list of KERNELS, none, or auto: the measured-faster ones
     strategy: str = "auto"  # ddp with several processes, else none
     bucket_cap_mb: int = 25
     broadcast_buffers: bool = False
@@ -405,7 +405,9 @@ OPTIONS: tuple[Option, ...] = (
         "fasttrain's Triton kernels to use instead of the torch path, comma-separated: "
         "normalize (the torchvision loader's uint8 -> normalised input, one pass), sgd (the "
         "optimizer over flat buffers, one launch), xent (fused softmax cross-entropy with label "
-        "smoothing), or none; none is the default until each is measured faster on an H200",
+        "smoothing), none, or auto: the ones measured faster than the torch path on an H200 "
+        "(BENCHMARKS.md): sgd in a one-process GPU run, and normalize with the torchvision "
+        "loader on a GPU; xent measured slower and stays an option",
     ),
     Option(
         "--strategy",
@@ -757,7 +759,10 @@ KERNELS = ("normalize", "sgd", "xent")
 
 
 def triton_kernels(text: str) -> set[str]:
-    """The set ``--triton-kernels`` names; an unknown name is a one-line error."""
+    """The set ``--triton-kernels`` names; an unknown name is a one-line error. "auto" must be
+    resolved first (``resolve_parallel``: it depends on the strategy)."""
+    if text == "auto":
+        raise ValueError("--triton-kernels auto is resolved by resolve_parallel before use")
     names = {k.strip() for k in text.split(",") if k.strip() and k.strip() != "none"}
     unknown = names - set(KERNELS)
     if unknown:
@@ -770,7 +775,8 @@ def triton_kernels(text: str) -> set[str]:
 
 def _resolve_kernels(cfg: Config) -> None:
     t = cfg.train
-    kernels = triton_kernels(t.triton_kernels)
+    auto = t.triton_kernels == "auto"  # resolve_parallel picks them, once the strategy is known
+    kernels = set() if auto else triton_kernels(t.triton_kernels)
     if (kernels or cfg.optim.opt == "lars") and t.device != "cuda":
         what = "--opt lars" if cfg.optim.opt == "lars" else "--triton-kernels"
         raise UserError(f"{what} runs Triton kernels, which need a CUDA GPU; leave it out here")
@@ -779,15 +785,24 @@ def _resolve_kernels(cfg: Config) -> None:
             f"--triton-kernels normalize is the torchvision loader's; --loader "
             f"{cfg.data.loader} does not use it"
         )
-    t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
+    if not auto:
+        t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
 
 
 def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
     """Fill the 'auto' strategy from the launch, and refuse combinations that cannot work."""
     t = cfg.train
-    fused = "sgd" in triton_kernels(t.triton_kernels) or cfg.optim.opt == "lars"
     if t.strategy == "auto":
         t.strategy = "ddp" if world_size > 1 else "none"
+    if t.triton_kernels == "auto":  # the kernels measured faster on an H200 (BENCHMARKS.md)
+        auto = []
+        if t.device == "cuda":
+            if cfg.data.loader == "torchvision":
+                auto.append("normalize")
+            if t.strategy == "none" and world_size == 1:  # DDP and DP own the gradients
+                auto.append("sgd")
+        t.triton_kernels = ",".join(auto) or "none"
+    fused = "sgd" in triton_kernels(t.triton_kernels) or cfg.optim.opt == "lars"
     if t.strategy == "ddp" and world_size == 1:
         t.strategy = "none"  # one process: DDP would only add a wrapper
     if world_size > 1 and t.strategy != "ddp":

@@ -291,7 +291,7 @@ def test_parallel_settings_are_checked_against_the_launch():
 def test_triton_kernels_are_named_checked_and_need_a_gpu():
     t = _resolved("--triton-kernels", "xent,sgd", "--loader", "synthetic").train
     assert t.triton_kernels == "sgd,xent"  # canonical order
-    assert _resolved().train.triton_kernels == "none"
+    assert _resolved().train.triton_kernels == "auto"  # until the strategy is known
     for flags, cuda, message in [
         (["--triton-kernels", "softmax"], True, "unknown softmax"),
         (["--triton-kernels", "xent"], False, "need a CUDA GPU"),
@@ -302,3 +302,18 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
             _resolved(*flags, cuda=cuda)
     with pytest.raises(UserError, match="flat buffer"):
         resolve_parallel(_resolved("--triton-kernels", "sgd"), 2, 2)
+
+
+@pytest.mark.parametrize(
+    "flags, cuda, world, expected",
+    [
+        (["--loader", "dali"], True, 1, "sgd"),  # one GPU: the fused optimizer
+        (["--loader", "torchvision"], True, 1, "normalize,sgd"),
+        (["--loader", "torchvision"], True, 2, "normalize"),  # DDP owns the gradients
+        (["--loader", "torchvision"], False, 1, "none"),  # the CPU: no Triton
+        (["--triton-kernels", "xent", "--loader", "dali"], True, 2, "xent"),  # as asked
+    ],
+)
+def test_auto_kernels_are_the_measured_faster_ones_where_they_apply(flags, cuda, world, expected):
+    cfg = resolve_parallel(_resolved(*flags, cuda=cuda), world, 2 if cuda else 0)
+    assert cfg.train.triton_kernels == expected

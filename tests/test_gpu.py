@@ -50,14 +50,16 @@ def make(
     accum: int = 1,
     criterion: nn.Module | None = None,
     fixed_inputs: bool = False,
+    triton: bool = False,
 ):
-    """A fresh resnet18 (same seed: same weights) with the step ``kind`` names."""
+    """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
+    fasttrain's fused SGD (the one-GPU default) instead of torch's."""
     torch.manual_seed(0)
     model = build_model("resnet18", CLASSES, True, DEV)
     schedule = build_schedule(
         OptimConfig(warmup_epochs=0.5, lr_schedule="cosine"), BATCH * accum, 20, 2
     )
-    optimizer = build_optimizer(model, OptimConfig(), schedule.lr_at(0))
+    optimizer = build_optimizer(model, OptimConfig(), schedule.lr_at(0), triton=triton)
     step = build_step(
         model=model,
         optimizer=optimizer,
@@ -90,8 +92,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (torch.norm(a - b) / torch.norm(b)).item()
 
 
+@pytest.mark.parametrize("triton", [False, True], ids=["torch-sgd", "triton-sgd"])
 @pytest.mark.parametrize("kind", ["compiled", "compiled+graph"])
-def test_step_matches_eager_over_24_steps(kind):
+def test_step_matches_eager_over_24_steps(kind, triton):
     """Free-running for 24 steps from the same weights on the same batches, bf16: every loss
     agrees with eager's within bf16 tolerance (measured on an H200: 2.9% at most).
 
@@ -103,9 +106,9 @@ def test_step_matches_eager_over_24_steps(kind):
     fp32 (tests/test_train.py)."""
     data = batches(24)
     start = flat(make("eager")[0])
-    ref_model, ref_step = make("eager")
+    ref_model, ref_step = make("eager")  # torch's SGD: the reference for both optimizers
     ref_losses = train(ref_step, data)
-    model, step = make(kind)
+    model, step = make(kind, triton=triton)
     losses = train(step, data)
     diffs = [abs(a - b) / b for a, b in zip(losses, ref_losses, strict=True)]
     update = rel(flat(model) - start, flat(ref_model) - start)
@@ -176,11 +179,12 @@ def test_graphed_replays_read_fixed_loader_buffers_without_a_copy():
     assert rel(flat(model_a), flat(model_b)) < 1e-5
 
 
-def test_accumulation_is_captured_with_the_update():
+@pytest.mark.parametrize("triton", [False, True], ids=["torch-sgd", "triton-sgd"])
+def test_accumulation_is_captured_with_the_update(triton):
     data = batches(16)
     ref_model, ref_step = make("eager", accum=2)
     ref_losses = train(ref_step, data, accum=2)
-    model, step = make("eager+graph", accum=2)
+    model, step = make("eager+graph", accum=2, triton=triton)
     losses = train(step, data, accum=2)
     assert step.graph is not None and len(step.static) == 2
     assert losses == pytest.approx(ref_losses, rel=2e-2)
@@ -188,12 +192,13 @@ def test_accumulation_is_captured_with_the_update():
     assert rel(flat(model) - start, flat(ref_model) - start) < 5e-2
 
 
-def test_fp16_grad_scaler_is_captured():
+@pytest.mark.parametrize("triton", [False, True], ids=["torch-sgd", "triton-sgd"])
+def test_fp16_grad_scaler_is_captured(triton):
     """fp16: GradScaler hands the fused SGD its inf check as a tensor, so the step captures."""
     data = batches(12, dtype=torch.float16)
     _ref_model, ref_step = make("eager", amp=torch.float16)
     ref_losses = train(ref_step, data)
-    _model, step = make("eager+graph", amp=torch.float16)
+    _model, step = make("eager+graph", amp=torch.float16, triton=triton)
     losses = train(step, data)
     assert step.graph is not None and not step.failed
     assert losses == pytest.approx(ref_losses, rel=2e-2)
@@ -221,11 +226,13 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
     assert losses == pytest.approx(train(ref_step, data), rel=2e-2)
 
 
-@pytest.mark.parametrize("kind", ["eager", "compiled", "eager+graph", "compiled+graph"])
+@pytest.mark.parametrize(
+    "kind", ["eager", "compiled", "eager+graph", "compiled+graph", "compiled+graph+triton-sgd"]
+)
 def test_steady_state_steps_do_not_sync(kind):
     """Between two log steps, the loop's per-step work never waits on the device."""
     torch.backends.cudnn.benchmark = True
-    _model, step = make(kind)
+    _model, step = make(kind.removesuffix("+triton-sgd"), triton=kind.endswith("triton-sgd"))
     data = batches(4)
     meter = DeviceMeter(DEV)
     for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth
