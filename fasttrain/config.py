@@ -71,7 +71,7 @@ class OptimConfig:
 class TrainConfig:
     epochs: int = 90
     max_steps: int | None = None
-    batch_size: int = 256  # per process
+    batch_size: int | None = 256  # per process; None: auto (the largest that fits, measured)
     accum_steps: int = 1
     amp: str | None = None  # None: bf16 on a GPU, off on the CPU
     compile: bool = False
@@ -279,8 +279,12 @@ OPTIONS: tuple[Option, ...] = (
         "train.batch_size",
         int,
         "images per process per micro-step; "
-        "the global batch is batch-size x processes x accum-steps",
+        "the global batch is batch-size x processes x accum-steps. auto: the largest that fits "
+        "this GPU with 10%% of its memory left free, found by running the real step (capture "
+        "included) at growing sizes before training (about a minute)",
         minimum=1,
+        nullable=True,
+        parse=lambda s: None if s.lower() == "auto" else int(s),
     ),
     Option(
         "--lr",
@@ -700,6 +704,11 @@ def resolve(
         t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
         raise UserError("--amp fp16 needs a CUDA GPU; use --amp bf16 or off on the CPU")
+    if t.batch_size is None and t.device != "cuda":
+        raise UserError(
+            "--batch-size auto measures GPU memory by running the step; on the CPU give a "
+            "number (e.g. --batch-size 32)"
+        )
     if cfg.data.workers is None:
         cpus = cpu_count or len(os.sched_getaffinity(0))
         cfg.data.workers = min(16, cpus)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, inductor_options, triton_kernels
+from fasttrain.config import Config, inductor_options, save_resolved, triton_kernels
 from fasttrain.data import build_data
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
@@ -60,6 +60,14 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]
     kernels = triton_kernels(t.triton_kernels)
+    resumed = _find_resume(cfg)  # before the data: a DALI pipeline restores when it is built
+    if t.batch_size is None:
+        from fasttrain.autobatch import auto_batch_size
+
+        t.batch_size = auto_batch_size(cfg, dist, resumed, amp_dtype, kernels)
+        seed_everything(t.seed)  # the trials drew from the RNG; the run starts as if they had not
+        if dist.is_main:
+            save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
@@ -67,7 +75,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     global_batch = loader_batch * dist.world_size * t.accum_steps
 
     # ---- build -------------------------------------------------------------------------------
-    resumed = _find_resume(cfg)  # before the data: a DALI pipeline restores when it is built
     data = build_data(
         cfg.data,
         batch_size=loader_batch,

@@ -317,3 +317,9 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
 def test_auto_kernels_are_the_measured_faster_ones_where_they_apply(flags, cuda, world, expected):
     cfg = resolve_parallel(_resolved(*flags, cuda=cuda), world, 2 if cuda else 0)
     assert cfg.train.triton_kernels == expected
+
+
+def test_auto_batch_size_needs_a_gpu():
+    assert _resolved("--batch-size", "auto").train.batch_size is None
+    with pytest.raises(UserError, match="--batch-size auto measures GPU memory"):
+        _resolved("--batch-size", "auto", cuda=False)

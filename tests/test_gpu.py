@@ -286,3 +286,45 @@ def test_torchvision_loader_copies_without_syncing(tiny_data):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert n == len(loader)
+
+
+def test_auto_batch_size_settles_within_what_is_free():
+    """With all but a few GiB of the GPU taken, the search settles on a batch whose real step
+    (warm-up and graph capture included) peaks within the budget, after a larger one failed."""
+    from fasttrain.autobatch import HEADROOM, find_batch_size, step_builder
+
+    def make_step(model):
+        schedule = build_schedule(OptimConfig(), 256, 100, 1)
+        return build_step(
+            model=model,
+            optimizer=build_optimizer(model, OptimConfig(), schedule.lr_at(0)),
+            criterion=nn.CrossEntropyLoss(),
+            amp_dtype=torch.bfloat16,
+            scaler=None,
+            schedule=schedule,
+            compile=False,
+            cuda_graphs=True,
+        )
+
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    blocker = torch.empty(free - int(HEADROOM * total) - 6 * 2**30, dtype=torch.uint8, device=DEV)
+    try:
+        build = step_builder(
+            lambda: build_model("resnet50", CLASSES, True, DEV),
+            make_step,
+            224,
+            CLASSES,
+            torch.bfloat16,
+            True,
+            DEV,
+            steps=5,
+        )
+        found = find_batch_size(build, DEV)
+    finally:
+        del blocker
+        torch.cuda.empty_cache()
+    print(f"auto batch {found.batch}: {found.trials}")
+    assert found.batch >= 8 and found.batch % 8 == 0
+    assert 0 < found.peak_bytes <= found.budget_bytes <= 6.5 * 2**30
+    assert any(b > found.batch and (p is None or p > found.budget_bytes) for b, p in found.trials)
