@@ -343,6 +343,10 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             summary["profile"] = _report_profile(profiler, metrics, step, dist)
         metrics.close()
 
+    # peak memory of every GPU: DataParallel's replicas here, and every DDP rank's own
+    on = range(torch.cuda.device_count()) if t.strategy == "dp" else [dist.device.index or 0]
+    mine = [peak_memory_gib(torch.device("cuda", i)) for i in on] if t.device == "cuda" else []
+    per_gpu = dist.all_gather_object(mine, "the peak memory per GPU")
     summary.update(
         {
             "steps": step,
@@ -350,6 +354,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             "img_per_s_per_gpu": (metrics.steady_rate() or 0.0) / gpus,
             "gpus": gpus,
             "peak_mem_gib": peak_memory_gib(dist.device),
+            "peak_mem_gib_per_gpu": [p for peaks in per_gpu for p in peaks],
             "wall_s": time.perf_counter() - t_start,
             "capture_s": getattr(train_step, "capture_s", None),
             "val": last_eval,
