@@ -104,13 +104,14 @@ def find_batch_size(
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_reserved(device)  # already held by this process: not the trial's
         peak: int | None
         log.disabled = True  # a failed capture's warning belongs to a trial, not to the run
         try:
             run, step = build(batch)
             run()
             torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_reserved(device)
+            peak = torch.cuda.max_memory_reserved(device) - held
             if getattr(step, "failed", False):  # the capture failed (often: out of memory)
                 peak = None
         except torch.cuda.OutOfMemoryError:

@@ -302,13 +302,16 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
             _resolved(*flags, cuda=cuda)
     with pytest.raises(UserError, match="flat buffer"):
         resolve_parallel(_resolved("--triton-kernels", "sgd"), 2, 2)
+    for flags in (["--triton-kernels", "sgd"], ["--opt", "lars"]):
+        with pytest.raises(UserError, match="under gradient accumulation"):
+            resolve_parallel(_resolved(*flags, "--accum-steps", "2"), 1, 1)
 
 
 @pytest.mark.parametrize(
     "flags, cuda, world, expected",
     [
-        (["--loader", "dali"], True, 1, "sgd"),  # one GPU: the fused optimizer
-        (["--loader", "torchvision"], True, 1, "normalize,sgd"),
+        (["--loader", "dali"], True, 1, "none"),  # sgd failed GPU tests: not a default
+        (["--loader", "torchvision"], True, 1, "normalize"),
         (["--loader", "torchvision"], True, 2, "normalize"),  # DDP owns the gradients
         (["--loader", "torchvision"], False, 1, "none"),  # the CPU: no Triton
         (["--triton-kernels", "xent", "--loader", "dali"], True, 2, "xent"),  # as asked
