@@ -17,8 +17,13 @@ is how CI tests the real pipeline.
   which over a class-sorted list such as ImageNet's would fill batches with one or two classes.
 - **Sharding:** ``shard_id`` = global rank, ``num_shards`` = world size, ``device_id`` = local
   rank. Every rank trains on the same number of full batches (``N // world // batch``).
+- **Pipelines per rank** (``--dali-pipelines``, default 1): each is a sub-shard (``shard_id`` =
+  rank x pipelines + k) and they take turns batch by batch. Every rank still trains on the same
+  number of full batches. More than one measured slower on an H200 (BENCHMARKS.md).
 - **Resume:** the reader and RNG state come from DALI's own checkpoint (``enable_checkpointing``),
-  saved with fasttrain's.
+  one per pipeline, saved with fasttrain's.
+- **Beside a CUDA graph** DALI needs its own hardware queues: fasttrain sets
+  ``CUDA_DEVICE_MAX_CONNECTIONS=32`` (``distributed.claim_hardware_queues``, docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -190,8 +195,8 @@ class DaliLoader:
         labels = [samples[i][1] for i in order]
         train_pipeline, val_pipeline = _pipelines()
         make = train_pipeline if train else val_pipeline
-        # train: several pipelines per rank, each a sub-shard, taking turns batch by batch (see
-        # the module notes); val keeps one, which counts every image once simply
+        # train: one or more pipelines per rank, each a sub-shard, taking turns batch by batch
+        # (module notes); val keeps one, which counts every image once simply
         self.parts = pipelines if train else 1
         states = self._states(state, self.parts)
         self.pipes = [
