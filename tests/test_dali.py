@@ -180,7 +180,8 @@ def test_a_one_pipeline_state_in_the_old_form_still_resumes(tiny_data):
     assert all(torch.equal(p, q) for p, q in zip(rest, resumed, strict=True))
 
 
-def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path):
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines):
     common = [
         "--data",
         tiny_data,
@@ -189,6 +190,8 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path):
         "dali",
         "--dali-threads",
         "2",
+        "--dali-pipelines",
+        str(pipelines),
         "--epochs",
         "2",
         "--accum-steps",
@@ -200,7 +203,8 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path):
     # must drain the epoch's padded tail exactly as the uninterrupted one does
     assert_exact_resume(run, common, tmp_path, steps=12)
     log = (tmp_path / "whole" / "log-rank0.txt").read_text()
-    assert "DALI loader (CPU decode, 2 threads)" in log
+    plural = "s" if pipelines > 1 else ""
+    assert f"DALI loader (CPU decode, 2 threads, {pipelines} train pipeline{plural})" in log
     assert run.records(tmp_path / "whole", "val")[-1]["images"] == 100
 
 
