@@ -302,9 +302,6 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
             _resolved(*flags, cuda=cuda)
     with pytest.raises(UserError, match="flat buffer"):
         resolve_parallel(_resolved("--triton-kernels", "sgd"), 2, 2)
-    for flags in (["--triton-kernels", "sgd"], ["--opt", "lars"]):
-        with pytest.raises(UserError, match="under gradient accumulation"):
-            resolve_parallel(_resolved(*flags, "--accum-steps", "2"), 1, 1)
 
 
 @pytest.mark.parametrize(
