@@ -69,8 +69,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def configure_backends(device: torch.device) -> None:
-    """Fast defaults on the GPU: cuDNN autotuning (fixed shapes) and TF32 for any fp32 matmul."""
+def configure_backends(device: torch.device, strategy: str = "none") -> None:
+    """Fast defaults on the GPU: cuDNN autotuning (fixed shapes) and TF32 for any fp32 matmul.
+
+    Not autotuning under DataParallel: it runs every forward in new threads, and cuDNN's
+    benchmarked plans are cached per thread (pytorch PR 103939), so each step would benchmark
+    every convolution again. On two H200s DP ran at 334 img/s with autotuning, its GPUs idle 89%
+    of each step (BENCHMARKS.md)."""
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = strategy != "dp"
         torch.set_float32_matmul_precision("high")
+        if strategy == "dp":
+            log.info(
+                "--strategy dp: cuDNN autotuning is off (DataParallel's per-step threads would "
+                "benchmark every convolution again each step)"
+            )

@@ -56,7 +56,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     run_dir = prepare_run_dir(cfg, dist)
     configure(record=r.profile, nvtx=dist.device.type == "cuda")
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
-    configure_backends(dist.device)
+    configure_backends(dist.device, t.strategy)
     seed_everything(t.seed)
     amp_dtype = AMP_DTYPES[t.amp]
     kernels = triton_kernels(t.triton_kernels)

@@ -266,3 +266,18 @@ def test_checkpoint_every_steps_and_keep(run, tiny_data, tmp_path):
     assert state["loader"] == {"epoch": 0, "start_batch": 7, "steps_per_epoch": 12}
     assert {"python", "numpy", "torch"} <= set(state["rng"])
     assert state["config"]["train"]["max_steps"] == 7
+
+
+@pytest.mark.parametrize("strategy, autotune", [("none", True), ("ddp", True), ("dp", False)])
+def test_cudnn_autotuning_is_off_only_under_dataparallel(strategy, autotune, monkeypatch):
+    """DataParallel's forward threads are new each step and cuDNN's plan cache is per thread, so
+    autotuning would run again every step (BENCHMARKS.md: DP vs DDP)."""
+    from fasttrain.runtime import configure_backends
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not autotune)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        configure_backends(torch.device("cuda"), strategy)
+    finally:
+        torch.set_float32_matmul_precision(precision)  # the rest of the CPU tests stay fp32
+    assert torch.backends.cudnn.benchmark is autotune
