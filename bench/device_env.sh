@@ -5,3 +5,20 @@ bash /tmp/dali-stash/unpack.sh install > /dev/null || exit 1
 python -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip-install.log 2>&1 \
   || { cat /tmp/pip-install.log; exit 1; }
 export PYTHONPATH=/tmp/dali-site PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache
+
+# summary NAME: /tmp/runs/NAME/summary.json as one JSON line in $b/summaries.jsonl (set b first)
+summary() {
+  python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
+    "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null \
+    || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl
+}
+
+# run_on NAME GPUS FLAGS...: python -m fasttrain on those GPUs into /tmp/runs/NAME, its output in
+# $b/runs-NAME.txt, then its summary line
+run_on() {
+  local name=$1 gpus=$2; shift 2
+  echo "=== $name (GPUs $gpus): python -m fasttrain $*" >> $b/runs-$name.txt
+  CUDA_VISIBLE_DEVICES=$gpus python -m fasttrain --output-dir /tmp/runs/$name "$@" >> $b/runs-$name.txt 2>&1
+  summary "$name"
+}
+export -f summary run_on; export b

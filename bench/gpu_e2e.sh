@@ -11,37 +11,26 @@ part=${1:?a or b}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
-summary() {  # run name -> one JSON line of its summary.json
-  python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
-    "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl
-}
-run() {  # name, GPUs, then fasttrain flags
-  local name=$1 gpus=$2; shift 2
-  echo "=== $name (GPUs $gpus): python -m fasttrain $*" >> $b/runs-$name.txt
-  CUDA_VISIBLE_DEVICES=$gpus python -m fasttrain --output-dir /tmp/runs/$name "$@" >> $b/runs-$name.txt 2>&1
-  summary "$name"
-}
-export -f summary run; export b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
 synth=(--loader synthetic --synthetic-steps 40 --num-classes 10 --eval-every 0 --config configs/sample.yaml)
 if [ "$part" = a ]; then
   echo "$(date -u) commit $(git log -1 --format=%h 2>/dev/null)" > $b/machine.txt
   setsid nohup bash -c '
     CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -s -p no:cacheprovider tests/test_gpu.py > $b/tests.txt 2>&1
-    run auto-batch 1 --batch-size auto --lr 0.02 --compile --cuda-graphs --epochs 3 --eval-every 0
+    run_on auto-batch 1 --batch-size auto --lr 0.02 --compile --cuda-graphs --epochs 3 --eval-every 0
     touch $b/DONE1' > /dev/null 2>&1 < /dev/null &
   setsid nohup bash -c "
     python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
-    run dali-1gpu 0 --data $big --compile --compile-mode default --cuda-graphs --epochs 6 --eval-every 0
+    run_on dali-1gpu 0 --data $big --compile --compile-mode default --cuda-graphs --epochs 6 --eval-every 0
     while [ ! -e $b/DONE1 ]; do sleep 2; done
-    run dali-ddp2-profiled 0,1 --data $big --nproc-per-node 2 --compile --compile-mode default --cuda-graphs --epochs 6 \
+    run_on dali-ddp2-profiled 0,1 --data $big --nproc-per-node 2 --compile --compile-mode default --cuda-graphs --epochs 6 \
       --eval-every 0 --profile --profile-wait 40
     touch $b/DONE0" > /dev/null 2>&1 < /dev/null &
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 560 ]; do sleep 3; done
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 3; done
-  run dp-eager-profiled 0,1 "${synth[@]}" --strategy dp --epochs 3 --profile --profile-wait 20
-  run ddp-eager-profiled 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 20
+  run_on dp-eager-profiled 0,1 "${synth[@]}" --strategy dp --epochs 3 --profile --profile-wait 20
+  run_on ddp-eager-profiled 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 20
 fi
 cut -c1-600 $b/summaries.jsonl 2>/dev/null; tail -3 $b/tests.txt 2>/dev/null
 tar -czf "$out/e2e-$part.tar.gz" -C /tmp bench --exclude='*.pt.trace.json'

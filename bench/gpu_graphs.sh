@@ -11,10 +11,6 @@ part=${1:?a or b}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
-summary() {  # run name -> one JSON line of its summary.json
-  python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
-    "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl
-}
 run() {  # name, then fasttrain flags (GPU0); skipped when the call's time is nearly spent
   local name=$1; shift
   if [ $SECONDS -gt 470 ]; then echo "{\"run\": \"$name\", \"skipped\": true}" >> $b/summaries.jsonl; return; fi

@@ -11,20 +11,10 @@ part=${1:?a or b}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
-summary() {
-  python -c "import json,sys; print(json.dumps({'run': sys.argv[1], **json.load(open(sys.argv[2]))}))" \
-    "$1" "/tmp/runs/$1/summary.json" >> $b/summaries.jsonl 2>/dev/null || echo "{\"run\": \"$1\", \"failed\": true}" >> $b/summaries.jsonl
-}
-run() {  # name, GPUs, then fasttrain flags
-  local name=$1 gpus=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpus python -m fasttrain --output-dir /tmp/runs/$name "$@" > $b/runs-$name.txt 2>&1
-  summary "$name"
-}
-export -f summary run; export b
 synth=(--loader synthetic --synthetic-steps 40 --num-classes 10 --eval-every 0 --config configs/sample.yaml)
 if [ "$part" = a ]; then
   setsid nohup bash -c '
-    run dali-autotune 0 --compile --compile-mode max-autotune-no-cudagraphs --cuda-graphs \
+    run_on dali-autotune 0 --compile --compile-mode max-autotune-no-cudagraphs --cuda-graphs \
       --epochs 6 --eval-every 0
     touch $b/DONE0' > /dev/null 2>&1 < /dev/null &
   CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1
@@ -32,8 +22,8 @@ if [ "$part" = a ]; then
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 560 ]; do sleep 5; done
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
-  run dp-eager 0,1 "${synth[@]}" --strategy dp --epochs 3 --profile --profile-wait 20
-  run ddp-eager 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 20
+  run_on dp-eager 0,1 "${synth[@]}" --strategy dp --epochs 3 --profile --profile-wait 20
+  run_on ddp-eager 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 20
 fi
 cut -c1-400 $b/summaries.jsonl 2>/dev/null
 tar -czf "$out/next-$part.tar.gz" --exclude='*.pt.trace.json' -C /tmp bench
