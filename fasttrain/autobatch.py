@@ -101,8 +101,7 @@ def find_batch_size(
     t0 = time.perf_counter()
 
     def trial(batch: int) -> int | None:
-        gc.collect()
-        torch.cuda.empty_cache()
+        # memory is already released: before the first trial above, after each in ``finally``
         torch.cuda.reset_peak_memory_stats(device)
         held = torch.cuda.memory_reserved(device)  # already held by this process: not the trial's
         peak: int | None
