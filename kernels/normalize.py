@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+# (rows, columns, warps) per program; chosen on an H200 by bench/normalize_tiles.py (BENCHMARKS.md)
+DEFAULT_TILE = (16, 256, 8)
+
 
 def normalize_reference(
     images: torch.Tensor,
@@ -36,30 +39,37 @@ def _normalize_kernel(
     mean_ptr,
     inv_std_ptr,
     flip_ptr,
-    total,
+    rows,
     H,
-    W,
+    W: tl.constexpr,
     C: tl.constexpr,
     HAS_FLIP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < total
-    c = offs % C
-    pixel = offs // C
-    w = pixel % W
-    nh = pixel // W  # n * H + h
-    src = offs
+    """A tile of BLOCK_ROWS image rows (n, h) by BLOCK_COLS of a row's W * C values. The row
+    length is a compile-time constant, so the column arithmetic (channel, flipped pixel) costs
+    multiplies, not divisions; the per-channel mean and scale load once per tile, per column."""
+    ROW: tl.constexpr = W * C
+    r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    if WIDE:  # more than 2**31 values in the batch
+        r = r.to(tl.int64)
+    col = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    in_row = col < ROW
+    c = col % C
+    m = tl.load(mean_ptr + c, mask=in_row, other=0.0)
+    s = tl.load(inv_std_ptr + c, mask=in_row, other=1.0)
+    mask = (r[:, None] < rows) & in_row[None, :]
+    base = r[:, None] * ROW
+    src = base + col[None, :]
     if HAS_FLIP:
-        n = nh // H
-        f = tl.load(flip_ptr + n, mask=mask, other=0)
-        src = tl.where(f != 0, (nh * W + (W - 1 - w)) * C + c, offs)
+        f = tl.load(flip_ptr + r // H, mask=r < rows, other=0)  # one division per row
+        mirrored = (W - 1 - col // C) * C + c
+        src = base + tl.where(f[:, None] != 0, mirrored[None, :], col[None, :])
     x = tl.load(x_ptr + src, mask=mask, other=0).to(tl.float32)
-    m = tl.load(mean_ptr + c, mask=mask, other=0.0)
-    s = tl.load(inv_std_ptr + c, mask=mask, other=1.0)
-    y = (x - m) * s
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = (x - m[None, :]) * s[None, :]
+    tl.store(out_ptr + base + col[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def normalize(
@@ -69,10 +79,11 @@ def normalize(
     flip: torch.Tensor | None = None,
     dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
-    block: int = 1024,
+    tile: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind ``normalize_reference``'s signature; ``out`` (channels_last NCHW,
-    ``dtype``) is filled in place if given, which a CUDA graph or a fixed buffer wants."""
+    ``dtype``) is filled in place if given, which a CUDA graph or a fixed buffer wants. ``tile``
+    overrides ``DEFAULT_TILE`` (the tests use small tiles to reach the tails)."""
     if images.dtype != torch.uint8 or images.dim() != 4 or not images.is_contiguous():
         raise ValueError("normalize: expected contiguous uint8 NHWC images")
     n, h, w, c = images.shape
@@ -80,18 +91,23 @@ def normalize(
         out = torch.empty((n, h, w, c), dtype=dtype, device=images.device).permute(0, 3, 1, 2)
     inv_std = (1.0 / std.float()).contiguous()
     flip_arg = flip.to(torch.uint8) if flip is not None else images  # unused without HAS_FLIP
-    total = images.numel()
-    _normalize_kernel[(triton.cdiv(total, block),)](
+    rows = n * h
+    block_rows, block_cols, num_warps = tile or DEFAULT_TILE
+    grid = (triton.cdiv(rows, block_rows), triton.cdiv(w * c, block_cols))
+    _normalize_kernel[grid](
         images,
         out,
         mean.float().contiguous(),
         inv_std,
         flip_arg,
-        total,
+        rows,
         h,
-        w,
+        W=w,
         C=c,
         HAS_FLIP=flip is not None,
-        BLOCK=block,
+        WIDE=images.numel() >= 2**31,
+        BLOCK_ROWS=block_rows,
+        BLOCK_COLS=block_cols,
+        num_warps=num_warps,
     )
     return out
