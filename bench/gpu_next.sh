@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What the third session changed but could not run on a GPU, in two back-to-back calls on a
-# two-GPU machine after the DALI stash. Usage there: bash bench/gpu_next.sh a|b
+# What the third and fourth sessions changed but could not run on a GPU, in two back-to-back
+# calls on a two-GPU machine after the DALI stash. Usage there: bash bench/gpu_next.sh a|b
 #   a: GPU1: the GPU tests (the Triton SGD against its own eager step, --batch-size auto with
-#      most of the GPU taken). GPU0, in the background: DALI end to end with the fastest compile
-#      mode (its first compile autotunes for about 8 minutes).
+#      most of the GPU taken), the normalize kernel's tile sweep, the kernel suite. GPU0, in the
+#      background: DALI end to end with the fastest compile mode (its first compile autotunes
+#      for about 8 minutes).
 #   b: waits for GPU0's run; then both GPUs: DataParallel (now without cuDNN autotuning) against
-#      DDP at the same global batch, profiled; collects everything.
+#      DDP at the same global batch, profiled; then DDP compiled + graphed on synthetic data,
+#      profiled (the all-reduce's exposed time with no data skew between the ranks).
 set -uo pipefail
 part=${1:?a or b}
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -17,13 +19,21 @@ if [ "$part" = a ]; then
     run_on dali-autotune 0 --compile --compile-mode max-autotune-no-cudagraphs --cuda-graphs \
       --epochs 6 --eval-every 0
     touch $b/DONE0' > /dev/null 2>&1 < /dev/null &
-  CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1
+  export CUDA_VISIBLE_DEVICES=1
+  python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1
   tail -3 $b/tests.txt
+  python bench/normalize_tiles.py > $b/normalize_tiles.txt 2>&1; tail -4 $b/normalize_tiles.txt
+  python -m pytest -q -p no:cacheprovider bench/test_kernels.py --benchmark-json $b/kernels.json > $b/kernels.txt 2>&1
+  python bench/report.py $b/kernels.json > $b/kernels.md 2>&1; grep -i normalize $b/kernels.md
+  unset CUDA_VISIBLE_DEVICES
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 560 ]; do sleep 5; done
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
-  run_on dp-eager 0,1 "${synth[@]}" --strategy dp --epochs 3 --profile --profile-wait 20
-  run_on ddp-eager 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 20
+  timeout 200 bash -c 'run_on dp-eager 0,1 "$@"' _ "${synth[@]}" --strategy dp --epochs 2 --profile --profile-wait 50
+  run_on ddp-eager 0,1 "${synth[@]}" --nproc-per-node 2 --epochs 3 --profile --profile-wait 50
+  run_on ddp-synth-graph 0,1 "${synth[@]}" --compile-mode default --nproc-per-node 2 --compile \
+    --cuda-graphs --epochs 4 --profile --profile-wait 50
 fi
 cut -c1-400 $b/summaries.jsonl 2>/dev/null
 tar -czf "$out/next-$part.tar.gz" --exclude='*.pt.trace.json' -C /tmp bench
+for r in /tmp/runs/*/; do n=$(basename $r); mkdir -p $out/runs/$n; cp $r/summary.json $r/log-rank0.txt $r/profile/breakdown-rank*.json $out/runs/$n/ 2>/dev/null; done
