@@ -1,8 +1,12 @@
 """Where a step's time goes, computed from a torch.profiler (Kineto) trace.
 
-Each profiled step is the wall-clock window of its ``ProfilerStep#N`` annotation. Inside that
-window the GPU timeline (all streams merged) is split into four parts that **partition the
-window exactly**, so they sum to the step time by construction:
+Each profiled step is a window of the GPU timeline: from where the previous step's GPU work ended
+to where the last piece of GPU work launched during this step's ``ProfilerStep#N`` annotation
+ends (kernels are tied to their host launch by Kineto's correlation ids). The host's own window
+is not used for the split: the host runs ahead of the GPU by up to several steps when nothing
+throttles it (a graph replay is one launch), so its window is the launch time, not the step
+time. Inside each window the GPU timeline (all streams merged) is split into four parts that
+**partition the window exactly**, so they sum to the step time by construction:
 
 - ``compute``: covered by any compute kernel (every kernel that is not NCCL);
 - ``comm_exposed``: covered by NCCL kernels and no compute kernel;
@@ -10,15 +14,16 @@ window exactly**, so they sum to the step time by construction:
 - ``idle``: covered by nothing.
 
 Alongside, and overlapping those: ``comm`` (all NCCL kernel time, overlapped or not), ``memory``
-(all memcpy/memset time), ``host_data_wait`` (host time inside fasttrain's ``fasttrain.data``
-ranges: blocked on the loader) and ``host_sync`` (host time in CUDA synchronize calls).
+(all memcpy/memset time), and from the host's window ``host_data_wait`` (host time inside
+fasttrain's ``fasttrain.data`` ranges: blocked on the loader) and ``host_sync`` (host time in CUDA
+synchronize calls).
 
-Kernels launched by a CUDA graph appear in the trace as ordinary kernels (CUPTI records them),
-so graph replays are counted like any other work. The windows come from the host's clock and the
-kernels from the GPU's, which CUPTI aligns; the GPU runs behind the host, so one step's window
-holds the tail of the previous step's kernels. Over the steady state that shifts nothing; a
-single window may be off by the pipelining lag. A trace with no GPU activity (a CPU run) reports
-``compute`` as the window less host data wait and sync, and those two as ``idle``.
+Kernels launched by a CUDA graph appear in the trace as ordinary kernels (CUPTI records them,
+with the replay's launch as their correlation), so graph replays are counted like any other
+work. The first profiled step starts where the host began it, or where GPU work launched before
+profiling began ends, whichever is later. A step with no GPU work (a CPU run, or a trace without
+correlation ids) keeps the host's window; in a CPU run ``compute`` is that window less host data
+wait and sync, and those two are ``idle``.
 
 The classes follow HolisticTraceAnalysis: "nccl" in a kernel name is communication, Memcpy and
 Memset are memory, every other kernel is computation.
@@ -26,8 +31,10 @@ Memset are memory, every other kernel is computation.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,12 +125,18 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     gpu: dict[str, list[tuple[float, float]]] = {"compute": [], "comm": [], "memory": []}
     windows = []
     data_ranges, sync_ranges = [], []
+    launched_at: dict[Any, float] = {}  # correlation id -> host launch time
+    gpu_events = []  # (start, end, correlation)
     for e in events:
         start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         kind = classify(e)
+        corr = (e.get("args") or {}).get("correlation")
         if kind is not None:
             gpu[kind].append((start, end))
+            gpu_events.append((start, end, corr))
             continue
+        if corr is not None:
+            launched_at[corr] = start
         name = str(e.get("name", ""))
         m = STEP.fullmatch(name)
         if m:
@@ -132,19 +145,22 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
             data_ranges.append((start, end))
         elif name in SYNC_CALLS:
             sync_ranges.append((start, end))
+    windows.sort()
     compute = _union(gpu["compute"])
     comm = _union(gpu["comm"])
     memory = _union(gpu["memory"])
     busy = _union(compute + comm + memory)
     has_gpu = bool(busy)
     out = []
-    for n, lo, hi in sorted(windows):
+    for (n, host_lo, host_hi), (lo, hi) in zip(
+        windows, _gpu_windows(windows, gpu_events, launched_at), strict=True
+    ):
         ms = 1e-3
         c = _clip(compute, lo, hi)
         cm = _clip(comm, lo, hi)
         mem = _clip(memory, lo, hi)
-        data_wait = _length(_clip(_union(data_ranges), lo, hi)) * ms
-        sync = _length(_clip(_union(sync_ranges), lo, hi)) * ms
+        data_wait = _length(_clip(_union(data_ranges), host_lo, host_hi)) * ms
+        sync = _length(_clip(_union(sync_ranges), host_lo, host_hi)) * ms
         total = (hi - lo) * ms
         if has_gpu:
             comm_exposed = _minus(cm, c)
@@ -169,6 +185,48 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
                 host_sync=sync,
             )
         )
+    return out
+
+
+def _gpu_windows(
+    windows: list[tuple[int, float, float]],
+    gpu_events: list[tuple[float, float, Any]],
+    launched_at: dict[Any, float],
+) -> list[tuple[float, float]]:
+    """Each host step window's GPU window (see the module docstring), in the same order."""
+    starts = [lo for _, lo, _ in windows]
+    last_end: dict[int, float] = {}  # window index -> end of its latest GPU work
+    first_start = math.inf  # earliest GPU work launched inside a window
+    for start, end, corr in gpu_events:
+        at = launched_at.get(corr) if corr is not None else None
+        if at is None:
+            continue
+        i = bisect.bisect_right(starts, at) - 1
+        if i < 0 or at >= windows[i][2]:
+            continue  # launched outside every step
+        last_end[i] = max(last_end.get(i, -math.inf), end)
+        first_start = min(first_start, start)
+    if not last_end:  # a CPU run, or no correlation ids: the host's windows
+        return [(lo, hi) for _, lo, hi in windows]
+    # work launched before profiling (or outside any step) that was still running at the start
+    earlier = [
+        end
+        for start, end, corr in gpu_events
+        if start < first_start
+        and not (corr in launched_at and windows and windows[0][1] <= launched_at[corr])
+    ]
+    out = []
+    prev = None
+    for i, (_, host_lo, host_hi) in enumerate(windows):
+        if i not in last_end:
+            lo = host_lo if prev is None else prev
+            out.append((lo, max(lo, host_hi)))  # no GPU work of its own: the host's window
+            prev = out[-1][1]
+            continue
+        lo = max([host_lo, *earlier]) if prev is None else prev
+        hi = max(lo, last_end[i])
+        out.append((lo, hi))
+        prev = hi
     return out
 
 

@@ -28,11 +28,8 @@ def cpu(name: str, cat: str, ts: float, dur: float, **args) -> dict:
     }
 
 
-def gpu(name: str, cat: str, ts: float, dur: float, launched: float, stream: int = 7):
-    """A GPU event and the host call that launched it (same correlation id), as Kineto writes."""
-    corr = int(ts * 10 + stream)
-    launch = cpu("cudaLaunchKernel", "cuda_runtime", launched, 2, correlation=corr)
-    event = {
+def gpu_event(name: str, ts: float, dur: float, corr: int, cat: str = "kernel", stream: int = 7):
+    return {
         "ph": "X",
         "cat": cat,
         "name": name,
@@ -42,18 +39,27 @@ def gpu(name: str, cat: str, ts: float, dur: float, launched: float, stream: int
         "dur": dur,
         "args": {"device": 0, "stream": stream, "correlation": corr},
     }
-    return [launch, event]
+
+
+def gpu(name: str, cat: str, ts: float, dur: float, launched: float, stream: int = 7):
+    """A GPU event and the host call that launched it (same correlation id), as Kineto writes."""
+    corr = int(ts * 10 + stream)
+    launch = cpu("cudaLaunchKernel", "cuda_runtime", launched, 2, correlation=corr)
+    return [launch, gpu_event(name, ts, dur, corr, cat, stream)]
 
 
 def hand_made_trace() -> dict:
-    """Two 1 ms steps of known composition (times in us):
+    """Three steps of known composition (times in us). Host windows [0, 1000), [1000, 2000),
+    [2000, 3000); a step's GPU window runs from the previous one's end to the end of the last
+    GPU work launched in its host window.
 
-    step 1 [0, 1000): compute [100, 400) and [600, 700); NCCL [300, 500) on another stream, 100
-    of it under compute; memcpy [50, 120), 50 of it alone; host data wait [0, 30); a stream
-    synchronize [900, 950). So compute 400, NCCL exposed 100, memcpy alone 50, idle 450.
-    step 2 [1000, 2000): three kernels launched by a graph replay back to back [1000, 1900), a
-    memset alone [1950, 1960). So compute 900, memory alone 10, idle 90.
-    A kernel after the last step [2500, 2600) belongs to no step.
+    step 1, GPU window [0, 700): compute [100, 400) and [600, 700); NCCL [300, 500) on another
+    stream, 100 of it under compute; memcpy [50, 120), 50 of it alone; host data wait [0, 30); a
+    stream synchronize [900, 950). So compute 400, NCCL exposed 100, memcpy alone 50, idle 150.
+    step 2, GPU window [700, 1960): three kernels launched by a graph replay back to back
+    [1000, 1900), a memset alone [1950, 1960). So compute 900, memory alone 10, idle 350.
+    step 3 launches nothing: its window runs on to its host window's end, [1960, 3000), idle.
+    A kernel launched after the last step [3500, 3600) belongs to no step.
     """
     events = [
         cpu("ProfilerStep#1", "user_annotation", 0, 1000),
@@ -77,15 +83,33 @@ def hand_made_trace() -> dict:
 
 def test_breakdown_classifies_a_hand_made_trace_exactly():
     s1, s2, s3 = step_times(hand_made_trace())
-    assert (s1.step, s2.step, s3.step) == (1, 2, 3) and s3.compute == 0 and s3.idle == 1.0
-    assert s1.total == pytest.approx(1.0)
+    assert (s1.step, s2.step, s3.step) == (1, 2, 3)
+    assert s3.compute == 0 and s3.total == s3.idle == pytest.approx(1.04)
+    assert s1.total == pytest.approx(0.7) and s2.total == pytest.approx(1.26)
     assert s1.compute == pytest.approx(0.4)
     assert s1.comm == pytest.approx(0.2) and s1.comm_exposed == pytest.approx(0.1)
     assert s1.memory == pytest.approx(0.07) and s1.memory_exposed == pytest.approx(0.05)
-    assert s1.idle == pytest.approx(0.45)
+    assert s1.idle == pytest.approx(0.15)
     assert s1.host_data_wait == pytest.approx(0.03) and s1.host_sync == pytest.approx(0.05)
     assert s2.compute == pytest.approx(0.9) and s2.memory_exposed == pytest.approx(0.01)
-    assert s2.idle == pytest.approx(0.09) and s2.comm == 0
+    assert s2.idle == pytest.approx(0.35) and s2.comm == 0
+
+
+def test_steps_are_timed_on_the_gpu_when_the_host_runs_ahead():
+    """The host launches five graph replays within 10 us (nothing throttles it), while the GPU
+    is still finishing 300 us of work launched before profiling began; each replay then runs
+    for 1 ms with a 20 us gap. Each step is 1.02 ms of GPU time, not the host's 2 us."""
+    events = [cpu(f"ProfilerStep#{n}", "user_annotation", 2 * n, 2) for n in range(5)]
+    events.append(gpu_event("triton_poi_leftover", 0, 300, corr=999))  # its launch predates us
+    for n in range(5):
+        start = 300 + 20 + n * 1020
+        events += gpu("cudnn_conv_fwd", "kernel", start, 600, launched=2 * n + 1)
+        events += gpu("ncclDevKernel_AllReduce", "kernel", start + 500, 500, 2 * n + 1, stream=20)
+    steps = step_times({"traceEvents": events})
+    assert [s.total for s in steps] == pytest.approx([1.02] * 5)
+    for s in steps:
+        assert s.compute == pytest.approx(0.6) and s.comm_exposed == pytest.approx(0.4)
+        assert s.idle == pytest.approx(0.02) and s.comm == pytest.approx(0.5)
 
 
 def test_parts_sum_to_the_step_time():
