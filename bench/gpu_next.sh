@@ -8,8 +8,12 @@
 #   b: waits for GPU0's run; then both GPUs: DataParallel (now without cuDNN autotuning) against
 #      DDP at the same global batch, profiled; then DDP compiled + graphed on synthetic data,
 #      profiled (the all-reduce's exposed time with no data skew between the ranks).
+#   c (a later visit): GPU1: the normalize benchmark with the tile chosen from a's sweep. GPU0: a
+#      20,000-image sample set, DALI compiled + graphed on one GPU, profiled; then both GPUs: the
+#      same under DDP, profiled; DDP on synthetic data, profiled; DDP with DALI and 100 MB
+#      buckets. Then each run's rate with and without epoch starts (bench/epoch_rates.py).
 set -uo pipefail
-part=${1:?a or b}
+part=${1:?a, b or c}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
@@ -27,6 +31,22 @@ if [ "$part" = a ]; then
   python bench/report.py $b/kernels.json > $b/kernels.md 2>&1; grep -i normalize $b/kernels.md
   unset CUDA_VISIBLE_DEVICES
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 560 ]; do sleep 5; done
+elif [ "$part" = c ]; then
+  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+  dali=(--data $big --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
+  (CUDA_VISIBLE_DEVICES=1 python -m pytest -q -p no:cacheprovider bench/test_kernels.py -k normalize \
+     --benchmark-json $b/normalize.json > $b/normalize.txt 2>&1
+   python bench/report.py $b/normalize.json > $b/normalize.md 2>&1) &
+  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  echo "sample set built after $SECONDS s" >> $b/sample.txt
+  run_on dali-1gpu 0 "${dali[@]}" --profile --profile-wait 100
+  wait; cat $b/normalize.md
+  run_on dali-ddp2 0,1 "${dali[@]}" --nproc-per-node 2 --profile --profile-wait 100
+  run_on synth-ddp2 0,1 "${synth[@]}" --compile-mode default --nproc-per-node 2 --compile \
+    --cuda-graphs --epochs 4 --profile --profile-wait 100
+  [ $SECONDS -lt 430 ] && run_on dali-ddp2-bucket100 0,1 "${dali[@]}" --nproc-per-node 2 --bucket-cap-mb 100
+  python bench/epoch_rates.py /tmp/runs/*/ | tee $b/epoch_rates.jsonl
+  grep -h -A7 "step time breakdown" $b/runs-*.txt
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
   timeout 200 bash -c 'run_on dp-eager 0,1 "$@"' _ "${synth[@]}" --strategy dp --epochs 2 --profile --profile-wait 50

@@ -55,3 +55,25 @@ def test_table_and_chart(tmp_path, monkeypatch, capsys):
         assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     else:
         pytest.skip("matplotlib is not installed: table only")
+
+
+def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_path):
+    """bench/epoch_rates.py on a hand-made run: batch 100, epochs of 20 steps logged every 10;
+    the interval that begins each epoch takes 2 s, the others 1 s."""
+    spec = importlib.util.spec_from_file_location(
+        "epoch_rates", Path(__file__).parent.parent / "bench" / "epoch_rates.py"
+    )
+    epoch_rates = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(epoch_rates)
+    lines = []
+    for step in range(10, 61, 10):
+        epoch = (step - 1) // 20
+        seconds = 2.0 if step % 20 == 10 else 1.0
+        lines.append({"kind": "train", "step": step, "epoch": epoch, "img_per_s": 1000 / seconds})
+    lines.insert(3, {"kind": "val", "step": 20, "epoch": 0, "top1": 50.0})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
+    (tmp_path / "summary.json").write_text(json.dumps({"global_batch": 100}))
+    got = epoch_rates.rates(tmp_path)
+    # epochs 1 and 2: two epoch starts (2 s each) and two in-epoch intervals (1 s each)
+    assert got["steady_img_per_s"] == pytest.approx(4000 / 6)
+    assert got["in_epoch_img_per_s"] == pytest.approx(1000.0)
