@@ -20,10 +20,10 @@ synchronize calls).
 
 Kernels launched by a CUDA graph appear in the trace as ordinary kernels (CUPTI records them,
 with the replay's launch as their correlation), so graph replays are counted like any other
-work. The first profiled step starts where the host began it, or where GPU work launched before
-profiling began ends, whichever is later. A step with no GPU work (a CPU run, or a trace without
-correlation ids) keeps the host's window; in a CPU run ``compute`` is that window less host data
-wait and sync, and those two are ``idle``.
+work. The first profiled step starts where the host began it, and may hold GPU work launched before
+profiling began (the previous graph replay, still running); the mean leaves it out. A step with no
+GPU work (a CPU run, or a trace without correlation ids) keeps the host's window; in a CPU run
+``compute`` is that window less host data wait and sync, and those two are ``idle``.
 
 The classes follow HolisticTraceAnalysis: "nccl" in a kernel name is communication, Memcpy and
 Memset are memory, every other kernel is computation.
@@ -196,8 +196,7 @@ def _gpu_windows(
     """Each host step window's GPU window (see the module docstring), in the same order."""
     starts = [lo for _, lo, _ in windows]
     last_end: dict[int, float] = {}  # window index -> end of its latest GPU work
-    first_start = math.inf  # earliest GPU work launched inside a window
-    for start, end, corr in gpu_events:
+    for _, end, corr in gpu_events:
         at = launched_at.get(corr) if corr is not None else None
         if at is None:
             continue
@@ -205,16 +204,8 @@ def _gpu_windows(
         if i < 0 or at >= windows[i][2]:
             continue  # launched outside every step
         last_end[i] = max(last_end.get(i, -math.inf), end)
-        first_start = min(first_start, start)
     if not last_end:  # a CPU run, or no correlation ids: the host's windows
         return [(lo, hi) for _, lo, hi in windows]
-    # work launched before profiling (or outside any step) that was still running at the start
-    earlier = [
-        end
-        for start, end, corr in gpu_events
-        if start < first_start
-        and not (corr in launched_at and windows and windows[0][1] <= launched_at[corr])
-    ]
     out = []
     prev = None
     for i, (_, host_lo, host_hi) in enumerate(windows):
@@ -223,11 +214,17 @@ def _gpu_windows(
             out.append((lo, max(lo, host_hi)))  # no GPU work of its own: the host's window
             prev = out[-1][1]
             continue
-        lo = max([host_lo, *earlier]) if prev is None else prev
+        lo = host_lo if prev is None else prev
         hi = max(lo, last_end[i])
         out.append((lo, hi))
         prev = hi
     return out
+
+
+def after_first(steps: list) -> list:
+    """The steps a mean is taken over: all but the first, which may hold GPU work launched before
+    profiling began (all of them if there is only one)."""
+    return steps[1:] or steps
 
 
 def mean(steps: list[StepTimes]) -> StepTimes | None:
@@ -242,7 +239,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
     """The breakdown of one trace file: every step, their mean, and the rank it came from."""
     trace = load_trace(path)
     steps = step_times(trace)
-    avg = mean(steps)
+    avg = mean(after_first(steps))
     return {
         "trace": str(path),
         "rank": (trace.get("distributedInfo") or {}).get("rank"),
@@ -269,7 +266,7 @@ def table(summary: dict[str, Any]) -> str:
     rank = summary["rank"]
     lines = [
         f"step time breakdown, rank {rank if rank is not None else '?'}, mean of "
-        f"{len(summary['steps'])} steps ({summary['trace']}):",
+        f"{max(len(summary['steps']) - 1, 1)} steps after the first ({summary['trace']}):",
         f"  {'step':<22s}{m['total']:9.2f} ms",
     ]
     labels = {

@@ -48,6 +48,7 @@ class DistState:
     local_rank: int
     world_size: int
     device: torch.device
+    local_world_size: int = 1  # processes on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -56,6 +57,11 @@ class DistState:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def one_node(self) -> bool:
+        """Every rank on this host: the all-reduce runs over NVLink/PCIe, not the network."""
+        return self.local_world_size >= self.world_size
 
     @classmethod
     def from_env(cls, device_type: str, timeout_s: int = 600) -> DistState:
@@ -69,8 +75,11 @@ class DistState:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             rank = int(os.environ.get("RANK", "0"))
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         except ValueError as e:
-            raise UserError(f"WORLD_SIZE / RANK / LOCAL_RANK must be integers ({e})") from None
+            raise UserError(
+                f"WORLD_SIZE / RANK / LOCAL_RANK / LOCAL_WORLD_SIZE must be integers ({e})"
+            ) from None
         if device_type == "cuda":
             if local_rank >= torch.cuda.device_count():
                 raise UserError(
@@ -92,7 +101,7 @@ class DistState:
                 timeout=timedelta(seconds=timeout_s),
                 device_id=device if device_type == "cuda" else None,
             )
-        return cls(rank, local_rank, world, device)
+        return cls(rank, local_rank, world, device, local_world)
 
     # ---- collectives: no-ops in one process ------------------------------------------------
     @contextmanager

@@ -27,7 +27,7 @@ from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.parallel import average_bn_statistics, wrap_model
+from fasttrain.parallel import average_bn_statistics, ddp_bucket_cap_mb, wrap_model
 from fasttrain.profiling import RunProfiler, StepTimer, configure, span
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 from fasttrain.signals import StopRequest
@@ -165,7 +165,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         dist.device,
         t.amp,
         train_step.description,
-        t.strategy,
+        f"ddp ({ddp_bucket_cap_mb(t, dist)} MB buckets)" if t.strategy == "ddp" else t.strategy,
         global_batch,
         t.batch_size,
         gpus,
@@ -382,12 +382,12 @@ def _report_profile(profiler: RunProfiler, metrics: Metrics, step: int, dist: Di
     TensorBoard (main process) as ``profile/<part>_ms``."""
     from dataclasses import asdict
 
-    from fasttrain.breakdown import StepTimes, mean, summarize, table
+    from fasttrain.breakdown import StepTimes, after_first, mean, summarize, table
 
     summaries = [summarize(p) for p in profiler.traces()]  # each trace read once
     for s in summaries:
         log.info("%s", table(s))
-    overall = mean([StepTimes(**st) for s in summaries for st in s["steps"]])
+    overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
     out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
     path = profiler.trace_dir / f"breakdown-rank{dist.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

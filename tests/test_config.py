@@ -323,3 +323,24 @@ def test_auto_batch_size_needs_a_gpu():
     assert _resolved("--batch-size", "auto").train.batch_size is None
     with pytest.raises(UserError, match="--batch-size auto measures GPU memory"):
         _resolved("--batch-size", "auto", cuda=False)
+
+
+def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypatch):
+    import torch
+
+    from fasttrain.config import TrainConfig
+    from fasttrain.distributed import DistState
+    from fasttrain.parallel import ddp_bucket_cap_mb
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    here = DistState.from_env("cpu")  # one process: no process group
+    assert here.one_node and here.local_world_size == 1
+    two_nodes = DistState(0, 0, 4, cpu, local_world_size=2)
+    assert not two_nodes.one_node
+    assert ddp_bucket_cap_mb(TrainConfig(), DistState(0, 0, 2, cpu, local_world_size=2)) == 100
+    assert ddp_bucket_cap_mb(TrainConfig(), two_nodes) == 25
+    assert ddp_bucket_cap_mb(TrainConfig(bucket_cap_mb=40), two_nodes) == 40
+    for flag, want in (("auto", None), ("50", 50)):
+        cfg, _ = parse_args(["--data", "/d", "--bucket-cap-mb", flag], cuda_available=True)
+        assert cfg.train.bucket_cap_mb == want

@@ -98,15 +98,17 @@ def test_breakdown_classifies_a_hand_made_trace_exactly():
 def test_steps_are_timed_on_the_gpu_when_the_host_runs_ahead():
     """The host launches five graph replays within 10 us (nothing throttles it), while the GPU
     is still finishing 300 us of work launched before profiling began; each replay then runs
-    for 1 ms with a 20 us gap. Each step is 1.02 ms of GPU time, not the host's 2 us."""
+    for 1 ms with a 20 us gap. Each step is 1.02 ms of GPU time, not the host's 2 us; the first
+    also holds the leftover work, which is why the mean leaves it out."""
     events = [cpu(f"ProfilerStep#{n}", "user_annotation", 2 * n, 2) for n in range(5)]
     events.append(gpu_event("triton_poi_leftover", 0, 300, corr=999))  # its launch predates us
     for n in range(5):
         start = 300 + 20 + n * 1020
         events += gpu("cudnn_conv_fwd", "kernel", start, 600, launched=2 * n + 1)
         events += gpu("ncclDevKernel_AllReduce", "kernel", start + 500, 500, 2 * n + 1, stream=20)
-    steps = step_times({"traceEvents": events})
-    assert [s.total for s in steps] == pytest.approx([1.02] * 5)
+    first, *steps = step_times({"traceEvents": events})
+    assert first.total == pytest.approx(1.32)  # the leftover work, then its own replay
+    assert [s.total for s in steps] == pytest.approx([1.02] * 4)
     for s in steps:
         assert s.compute == pytest.approx(0.6) and s.comm_exposed == pytest.approx(0.4)
         assert s.idle == pytest.approx(0.02) and s.comm == pytest.approx(0.5)
@@ -125,9 +127,10 @@ def test_profile_summary_command_recomputes_from_saved_traces(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["profile-summary", str(tmp_path), "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "mean of 3 steps" in text and "NCCL, not overlapped" in text
+    assert "mean of 2 steps after the first" in text and "NCCL, not overlapped" in text
     saved = json.loads(out.read_text())
-    assert saved[0]["mean_ms"]["compute"] == pytest.approx(1.3 / 3)
+    assert saved[0]["mean_ms"]["compute"] == pytest.approx(0.9 / 2)  # steps 2 and 3
+    assert len(saved[0]["steps"]) == 3
     assert main(["profile-summary", str(tmp_path / "nothing")]) == 2
 
 
