@@ -37,7 +37,7 @@ def _normalize_kernel(
     x_ptr,
     out_ptr,
     mean_ptr,
-    inv_std_ptr,
+    std_ptr,
     flip_ptr,
     rows,
     H,
@@ -59,7 +59,7 @@ def _normalize_kernel(
     in_row = col < ROW
     c = col % C
     m = tl.load(mean_ptr + c, mask=in_row, other=0.0)
-    s = tl.load(inv_std_ptr + c, mask=in_row, other=1.0)
+    s = 1.0 / tl.load(std_ptr + c, mask=in_row, other=1.0)
     mask = (r[:, None] < rows) & in_row[None, :]
     base = r[:, None] * ROW
     src = base + col[None, :]
@@ -89,8 +89,11 @@ def normalize(
     n, h, w, c = images.shape
     if out is None:
         out = torch.empty((n, h, w, c), dtype=dtype, device=images.device).permute(0, 3, 1, 2)
-    inv_std = (1.0 / std.float()).contiguous()
-    flip_arg = flip.to(torch.uint8) if flip is not None else images  # unused without HAS_FLIP
+    # no torch ops per call when mean/std are fp32 and flip is bool: the call is one launch
+    if flip is None:
+        flip_arg = images  # unused without HAS_FLIP
+    else:
+        flip_arg = flip.view(torch.uint8) if flip.dtype == torch.bool else flip.to(torch.uint8)
     rows = n * h
     block_rows, block_cols, num_warps = tile or DEFAULT_TILE
     grid = (triton.cdiv(rows, block_rows), triton.cdiv(w * c, block_cols))
@@ -98,7 +101,7 @@ def normalize(
         images,
         out,
         mean.float().contiguous(),
-        inv_std,
+        std.float().contiguous(),
         flip_arg,
         rows,
         h,
