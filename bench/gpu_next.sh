@@ -12,8 +12,10 @@
 #      20,000-image sample set, DALI compiled + graphed on one GPU, profiled; then both GPUs: the
 #      same under DDP, profiled; DDP on synthetic data, profiled; DDP with DALI and 100 MB
 #      buckets. Then each run's rate with and without epoch starts (bench/epoch_rates.py).
+#   d (short): at once, GPU0 DALI and GPU1 synthetic data with the same step on one GPU each (the
+#      CLI's DALI cost, in-epoch); then DDP with DALI at the default (auto: 100 MB) and 25 MB.
 set -uo pipefail
-part=${1:?a, b or c}
+part=${1:?a, b, c or d}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
@@ -47,6 +49,16 @@ elif [ "$part" = c ]; then
   [ $SECONDS -lt 430 ] && run_on dali-ddp2-bucket100 0,1 "${dali[@]}" --nproc-per-node 2 --bucket-cap-mb 100
   python bench/epoch_rates.py /tmp/runs/*/ | tee $b/epoch_rates.jsonl
   grep -h -A7 "step time breakdown" $b/runs-*.txt
+elif [ "$part" = d ]; then
+  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+  same=(--compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
+  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  run_on d-dali-1gpu 0 --data $big "${same[@]}" &
+  run_on d-synth-1gpu 1 --loader synthetic --synthetic-steps 78 --num-classes 10 --config configs/sample.yaml "${same[@]}"
+  wait
+  run_on d-dali-ddp2-auto 0,1 --data $big "${same[@]}" --nproc-per-node 2
+  [ $SECONDS -lt 200 ] && run_on d-dali-ddp2-b25 0,1 --data $big "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 25
+  python bench/epoch_rates.py /tmp/runs/d-*/ | tee $b/epoch_rates.jsonl
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
   timeout 200 bash -c 'run_on dp-eager 0,1 "$@"' _ "${synth[@]}" --strategy dp --epochs 2 --profile --profile-wait 50
