@@ -51,10 +51,10 @@ elif [ "$part" = c ]; then
   grep -h -A7 "step time breakdown" $b/runs-*.txt
 elif [ "$part" = d ]; then
   big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
-  same=(--compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
+  same=(--config configs/sample.yaml --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
   python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
   run_on d-dali-1gpu 0 --data $big "${same[@]}" &
-  run_on d-synth-1gpu 1 --loader synthetic --synthetic-steps 78 --num-classes 10 --config configs/sample.yaml "${same[@]}"
+  run_on d-synth-1gpu 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "${same[@]}"
   wait
   run_on d-dali-ddp2-auto 0,1 --data $big "${same[@]}" --nproc-per-node 2
   [ $SECONDS -lt 200 ] && run_on d-dali-ddp2-b25 0,1 --data $big "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 25
