@@ -15,6 +15,10 @@ LARS (You et al. 2017; MLPerf's ResNet-50 recipe) sets ``r = eta * |p| / (|grad|
 per tensor when both norms are non-zero, for the groups that decay (BatchNorm and biases, in the
 no-decay group, keep r = 1). ``lars_reference`` is the same rule in plain torch; with
 ``lars=False`` the update is torch's own SGD (dampening 0, not Nesterov): the tests hold both.
+
+Under fp16, GradScaler gives the optimizer its scale and inf check as device tensors
+(``_step_supports_amp_scaling``): the update unscales the gradients as it reads them and writes
+nothing when an inf was found, with no host read, so the fp16 step can be captured too.
 """
 
 from __future__ import annotations
@@ -55,9 +59,13 @@ def _update(
     lars_ptr,
     norms_ptr,
     lr_ptr,
+    grad_scale_ptr,
+    found_inf_ptr,
     momentum,
     eta,
     HAS_LARS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -66,18 +74,28 @@ def _update(
     wd = tl.load(wd_ptr + t)
     lr = tl.load(lr_ptr)
     p = tl.load(p_ptr + offs)
-    g = tl.load(g_ptr + offs) + wd * p
+    g = tl.load(g_ptr + offs)
+    inv_scale = 1.0
+    if HAS_SCALE:  # GradScaler's scale, still in the gradients: unscale on the fly
+        inv_scale = 1.0 / tl.load(grad_scale_ptr)
+        g = g * inv_scale
+    g = g + wd * p
     ratio = 1.0
     if HAS_LARS:
         use = tl.load(lars_ptr + t)
         p_norm = tl.sqrt(tl.load(norms_ptr + 2 * t))
-        g_norm = tl.sqrt(tl.load(norms_ptr + 2 * t + 1))
+        g_norm = tl.sqrt(tl.load(norms_ptr + 2 * t + 1)) * inv_scale  # norms of scaled grads
         trust = eta * p_norm / (g_norm + wd * p_norm)
         ok = (use != 0) & (p_norm > 0) & (g_norm > 0)
         ratio = tl.where(ok, trust, 1.0)
     buf = momentum * tl.load(buf_ptr + offs) + ratio * g
-    tl.store(buf_ptr + offs, buf)
-    tl.store(p_ptr + offs, p - lr * buf)
+    if HAS_INF:  # GradScaler found inf/NaN in the gradients: then this step changes nothing
+        keep = tl.load(found_inf_ptr + tl.zeros((BLOCK,), tl.int32)) == 0
+        tl.store(buf_ptr + offs, buf, mask=keep)
+        tl.store(p_ptr + offs, p - lr * buf, mask=keep)
+    else:
+        tl.store(buf_ptr + offs, buf)
+        tl.store(p_ptr + offs, p - lr * buf)
 
 
 class FusedSGD(torch.optim.Optimizer):
@@ -85,6 +103,10 @@ class FusedSGD(torch.optim.Optimizer):
     groups whose weight decay is non-zero. ``lr`` may be a float or a 0-d device tensor."""
 
     grads_in_place = True  # a CUDA graph must zero the gradients itself (GraphedStep does)
+    # GradScaler (fp16) then sets ``grad_scale`` and ``found_inf`` (device tensors) before step()
+    # instead of unscaling with a host read of the inf check: the kernel unscales and skips on
+    # the device, so the fp16 step fits in a CUDA graph (as torch's fused SGD does)
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -153,6 +175,8 @@ class FusedSGD(torch.optim.Optimizer):
             _sq_norms[(len(self.sizes),)](
                 self.flat_param, self.flat_grad, self.offsets, self.sizes, self.norms, BLOCK=BLOCK
             )
+        grad_scale = getattr(self, "grad_scale", None)  # set by GradScaler.step, else absent
+        found_inf = getattr(self, "found_inf", None)
         _update[(len(self.block_tensor),)](
             self.flat_param,
             self.flat_grad,
@@ -162,9 +186,13 @@ class FusedSGD(torch.optim.Optimizer):
             self.use_lars,
             self.norms,
             lr,
+            grad_scale.float() if grad_scale is not None else lr,  # lr: unused placeholder
+            found_inf.float() if found_inf is not None else lr,
             self.momentum,
             self.eta,
             HAS_LARS=self.lars,
+            HAS_SCALE=grad_scale is not None,
+            HAS_INF=found_inf is not None,
             BLOCK=BLOCK,
         )
 

@@ -214,3 +214,43 @@ def test_fused_sgd_resumes_from_a_torch_style_state_dict():
         buf = opt2.state[p]["momentum_buffer"]
         assert buf.untyped_storage().data_ptr() == opt2.flat_buf.untyped_storage().data_ptr()
     torch.testing.assert_close(opt2.flat_buf, opt.flat_buf)
+
+
+@pytest.mark.parametrize("lars", [False, True], ids=["sgd", "lars"])
+def test_fused_sgd_unscales_and_skips_from_grad_scaler_tensors(lars):
+    """Under GradScaler (fp16) the optimizer gets the scale and the inf check as device tensors
+    (``_step_supports_amp_scaling``), with no host read, so the step can be captured. The update
+    must equal an unscaled step; a step with an inf gradient must change nothing."""
+    ref, fused = _model(), _model()
+    torch_opt = torch.optim.SGD(_groups(ref), lr=0.1, momentum=0.9)
+    opt = FusedSGD(_groups(fused), lr=0.1, momentum=0.9, lars=lars, eta=0.02)
+    scaler = torch.amp.GradScaler(DEV.type, init_scale=1024.0, growth_interval=1000)
+    bufs = {id(p): torch.zeros_like(p) for g in _groups(ref) for p in g["params"]}
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = _image_batch(g)
+        y = torch.randint(0, 7, (8,), generator=g).to(DEV)
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        scaler.scale(torch.nn.functional.cross_entropy(fused(x), y)).backward()
+        if lars:
+            for group in _groups(ref):
+                ps = group["params"]
+                grads, b = [p.grad for p in ps], [bufs[id(p)] for p in ps]
+                lars_reference(ps, grads, b, 0.1, 0.9, group["weight_decay"], 0.02, lars=True)
+        else:
+            torch_opt.step()
+        scaler.step(opt)
+        scaler.update()
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+        opt.zero_grad()
+        ref.zero_grad(set_to_none=True)
+    for p, q in zip(fused.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    # an inf in one gradient: GradScaler's check finds it and the kernel skips the update
+    before = opt.flat_param.clone(), opt.flat_buf.clone()
+    scaler.scale(torch.nn.functional.cross_entropy(fused(_image_batch(g)), y)).backward()
+    next(fused.parameters()).grad[0].fill_(float("inf"))
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(opt.flat_param, before[0]) and torch.equal(opt.flat_buf, before[1])
+    assert scaler.get_scale() == 512.0  # halved for the inf, as for any optimizer
