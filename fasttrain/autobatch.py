@@ -30,7 +30,7 @@ from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.step import build_step
+from fasttrain.step import build_loss, build_step
 
 log = logging.getLogger("fasttrain")
 
@@ -186,12 +186,13 @@ def auto_batch_size(
         return build_model(cfg.model.arch, classes, cfg.model.channels_last, dist.device)
 
     def make_step(model: nn.Module):
+        criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
         return build_step(
             model=model,
             optimizer=build_optimizer(model, cfg.optim, sched.lr_at(0), triton="sgd" in kernels),
-            criterion=nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing),
+            criterion=criterion,
             amp_dtype=amp_dtype,
-            scaler=torch.amp.GradScaler("cuda") if t.amp == "fp16" else None,
+            scaler=scaler,
             schedule=sched,
             compile=False,  # see fasttrain.autobatch: eager holds more, and compiles take minutes
             cuda_graphs=t.cuda_graphs,

@@ -241,6 +241,20 @@ def _into(static: torch.Tensor, batch: torch.Tensor) -> None:
         static.copy_(batch, non_blocking=True)
 
 
+def build_loss(
+    label_smoothing: float, amp: str, xent: bool = False
+) -> tuple[nn.Module, torch.amp.GradScaler | None]:
+    """The criterion (torch's cross-entropy, or fasttrain's Triton one for ``xent``) and, for
+    fp16, the GradScaler: one place, so the trainer and ``--batch-size auto``'s trials agree."""
+    if xent:
+        from fasttrain.kernels.cross_entropy import CrossEntropy
+
+        criterion: nn.Module = CrossEntropy(label_smoothing=label_smoothing)
+    else:
+        criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    return criterion, torch.amp.GradScaler("cuda") if amp == "fp16" else None
+
+
 def build_step(
     *,
     model: nn.Module,

@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, inductor_options, save_resolved, triton_kernels
@@ -31,7 +30,7 @@ from fasttrain.parallel import average_bn_statistics, ddp_bucket_cap_mb, wrap_mo
 from fasttrain.profiling import RunProfiler, StepTimer, configure, span
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 from fasttrain.signals import StopRequest
-from fasttrain.step import build_step, compile_kwargs
+from fasttrain.step import build_loss, build_step, compile_kwargs
 
 log = logging.getLogger("fasttrain")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
@@ -103,13 +102,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     net = wrap_model(model, t, dist)  # what the step trains; checkpoints and eval use ``model``
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton="sgd" in kernels)
-    scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
-    if "xent" in kernels:
-        from fasttrain.kernels.cross_entropy import CrossEntropy
-
-        criterion: nn.Module = CrossEntropy(label_smoothing=cfg.optim.label_smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+    criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
     compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
     if t.compile and "autotune" in t.compile_mode and dist.is_main:
         log.info(
