@@ -14,8 +14,12 @@
 #      buckets. Then each run's rate with and without epoch starts (bench/epoch_rates.py).
 #   d (short): at once, GPU0 DALI and GPU1 synthetic data with the same step on one GPU each (the
 #      CLI's DALI cost, in-epoch); then DDP with DALI at the default (auto: 100 MB) and 25 MB.
+#   e, f (not yet run: the next visit). e: GPU1 the GPU tests (the Triton SGD's fp16 capture is
+#      new); GPU0 the whole pytest-benchmark suite (bench/gpu_suite.sh: step, loaders, kernels).
+#      f: DDP with DALI at 100 and 25 MB buckets, each twice and interleaved, between two 1-GPU
+#      runs (the bucket default rests on one same-call comparison).
 set -uo pipefail
-part=${1:?a, b, c or d}
+part=${1:?a, b, c, d, e or f}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
@@ -59,6 +63,21 @@ elif [ "$part" = d ]; then
   run_on d-dali-ddp2-auto 0,1 --data $big "${same[@]}" --nproc-per-node 2
   [ $SECONDS -lt 200 ] && run_on d-dali-ddp2-b25 0,1 --data $big "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 25
   python bench/epoch_rates.py /tmp/runs/d-*/ | tee $b/epoch_rates.jsonl
+elif [ "$part" = e ]; then
+  CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 OUT=$b/suite bash bench/gpu_suite.sh > $b/suite.txt 2>&1
+  wait; tail -3 $b/tests.txt; tail -30 $b/suite/bench.md
+elif [ "$part" = f ]; then
+  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+  same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
+  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  run_on f-dali-1gpu 0 "${same[@]}"
+  for round in 1 2; do
+    [ $SECONDS -lt 420 ] && run_on f-ddp2-b100-$round 0,1 "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 100
+    [ $SECONDS -lt 480 ] && run_on f-ddp2-b25-$round 0,1 "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 25
+  done
+  [ $SECONDS -lt 540 ] && run_on f-dali-1gpu-again 0 "${same[@]}"
+  python bench/epoch_rates.py /tmp/runs/f-*/ | tee $b/epoch_rates.jsonl
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
   timeout 200 bash -c 'run_on dp-eager 0,1 "$@"' _ "${synth[@]}" --strategy dp --epochs 2 --profile --profile-wait 50
