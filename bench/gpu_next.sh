@@ -18,8 +18,13 @@
 #      new); GPU0 the whole pytest-benchmark suite (bench/gpu_suite.sh: step, loaders, kernels).
 #      f: DDP with DALI at 100 and 25 MB buckets, each twice and interleaved, between two 1-GPU
 #      runs (the bucket default rests on one same-call comparison).
+#   g, h (not yet run): what max-autotune's conv and matmul choices each buy (issue 4), the step
+#      alone at batch 256, compiled + graphed, in the background on both GPUs (each autotune
+#      takes minutes): GPU0 the `default` mode with matmul autotuning only (1x1 convs as
+#      matmuls, so they are tuned too), GPU1 conv autotuning only (matmuls left to aten); then
+#      `default` with no options on each GPU for the side-by-side. h waits and prints.
 set -uo pipefail
-part=${1:?a, b, c, d, e or f}
+part=${1:?a to h}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 source bench/device_env.sh
@@ -78,6 +83,15 @@ elif [ "$part" = f ]; then
   done
   [ $SECONDS -lt 540 ] && run_on f-dali-1gpu-again 0 "${same[@]}"
   python bench/epoch_rates.py /tmp/runs/f-*/ | tee $b/epoch_rates.jsonl
+elif [ "$part" = g ]; then
+  sv="python bench/step_variants.py --batch 256 --kinds compiled+graph --mode default --jsonl $b/variants.jsonl"
+  setsid nohup bash -c "CUDA_VISIBLE_DEVICES=0 $sv --options none conv_1x1_as_mm,max_autotune_gemm > $b/variants-gemm.txt 2>&1; touch $b/DONE0" > /dev/null 2>&1 < /dev/null &
+  setsid nohup bash -c "CUDA_VISIBLE_DEVICES=1 $sv --options none max_autotune,max_autotune_gemm_backends=ATEN > $b/variants-conv.txt 2>&1; touch $b/DONE1" > /dev/null 2>&1 < /dev/null &
+  while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
+  cat $b/variants-*.txt
+elif [ "$part" = h ]; then
+  while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
+  cat $b/variants-*.txt
 else
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 300 ]; do sleep 5; done
   timeout 200 bash -c 'run_on dp-eager 0,1 "$@"' _ "${synth[@]}" --strategy dp --epochs 2 --profile --profile-wait 50
