@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,34 @@ def list_checkpoints(directory: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in Path(directory).iterdir() if (m := _NAME.match(p.name))]
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About what one checkpoint takes on disk: the model's state, and SGD's momentum (one fp32
+    value per parameter; the optimizer has not made it yet when this is asked, before step 1)."""
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return state + sum(4 * p.numel() for p in model.parameters())
+
+
+def check_free_space(directory: Path, need: int, keep: int) -> None:
+    """Refuse to start when the output directory cannot hold one more checkpoint (a full disk
+    found before training, not at the first save); warn when it cannot hold ``keep`` of them."""
+    free = shutil.disk_usage(directory).free
+    mib = 2**20
+    if free < need:
+        raise UserError(
+            f"--output-dir {directory}: {free / mib:,.0f} MiB free, and a checkpoint takes about "
+            f"{need / mib:,.0f} MiB; free some space or choose another --output-dir"
+        )
+    if free < need * keep:
+        log.warning(
+            "--output-dir %s: %.0f MiB free holds fewer than --keep-checkpoints %d checkpoints "
+            "of about %.0f MiB; a later save may fail (it will say so and keep the previous one)",
+            directory,
+            free / mib,
+            keep,
+            need / mib,
+        )
 
 
 def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int) -> Path:

@@ -103,6 +103,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton="sgd" in kernels)
     criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
+    if dist.is_main:  # a full disk is a one-line error now, not at the first save
+        ckpt.check_free_space(run_dir, ckpt.checkpoint_bytes(model), cfg.run.keep_checkpoints)
     compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
     if t.compile and "autotune" in t.compile_mode and dist.is_main:
         log.info(

@@ -193,8 +193,41 @@ def test_a_failed_checkpoint_write_is_loud_and_keeps_the_previous(
     line = one_line_error(err)
     assert "could not write the checkpoint of step 4" in line and "No space left" in line
     assert "ckpt-00000002.pt is intact" in line
-    assert last_checkpoint(out)["step"] == 2
+    saved = last_checkpoint(out)
+    assert saved["step"] == 2
+    # the free-space check's estimate against this real checkpoint (resnet18 and its momentum)
+    from fasttrain import checkpoint as ckpt
+    from fasttrain.model import build_model
+
+    heads = saved["model"]["fc.bias"].numel()
+    estimate = ckpt.checkpoint_bytes(build_model("resnet18", heads, True, torch.device("cpu")))
+    assert 0.9 < estimate / (out / "ckpt-00000002.pt").stat().st_size < 1.1
     assert not list(out.glob(".ckpt-*"))  # no half-written temporary left behind
+
+
+@pytest.mark.parametrize("free_mib", [1, 150])
+def test_a_full_output_disk_is_found_before_training(
+    run, tiny_data, tmp_path, monkeypatch, free_mib
+):
+    """resnet18's checkpoint is about 85 MiB: with 1 MiB free the run stops before its first
+    step with one line; with 150 MiB it would hold fewer than --keep-checkpoints 3 of them, so it
+    trains and warns (the save itself then fails loudly, the test above)."""
+    from fasttrain import checkpoint as ckpt
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda p: real(p)._replace(free=free_mib << 20))
+    monkeypatch.setattr(torch, "save", lambda *a, **k: None)  # nothing reaches the real disk
+    out = tmp_path / "out"
+    code, err = run("--data", tiny_data, *FAST, "--max-steps", "1", "--output-dir", out)
+    if free_mib == 1:
+        line = one_line_error(err)
+        assert code == 2 and f"--output-dir {out}: 1 MiB free" in line
+        assert "a checkpoint takes about" in line and not (out / "metrics.jsonl").exists()
+    else:
+        assert code == 0, err
+        log = (out / "log-rank0.txt").read_text()
+        warned = [ln for ln in log.splitlines() if "MiB free holds fewer" in ln]
+        assert len(warned) == 1 and "WARNING" in warned[0] and "--keep-checkpoints 3" in warned[0]
 
 
 def test_corrupt_images_do_not_stop_a_run(run, tiny_data, tmp_path):
