@@ -110,18 +110,28 @@ def test_val_counts_every_image_once_across_ranks(tiny_data):
     assert sorted(counted) == list(range(100))
 
 
-def test_resume_continues_with_the_samples_not_yet_seen(tiny_data):
+@pytest.mark.parametrize(
+    "pipelines, batch_size, taken, expected",
+    [
+        (1, 32, 2, 4 + 6),  # 6 batches of 32 per epoch
+        (2, 16, 1, 11 + 12),  # 2 pipelines: 6 batches of 16 each
+        (2, 16, 3, 9 + 12),  # an odd count leaves the pipelines at different runs
+    ],
+)
+def test_resume_continues_with_the_samples_not_yet_seen(
+    tiny_data, pipelines, batch_size, taken, expected
+):
     samples = indexed(scan_folder(tiny_data).train)
-    a = loader(samples, batch_size=32)
+    a = loader(samples, batch_size=batch_size, pipelines=pipelines)
     a.set_epoch(0)
     it = iter(a)
-    for _ in range(2):
+    for _ in range(taken):
         next(it)
     state = a.state_dict()
     rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 1)
-    b = loader(samples, batch_size=32, state=state)
-    resumed = epoch(b, 0, 2) + epoch(b, 1)
-    assert len(resumed) == len(rest) == 4 + 6
+    b = loader(samples, batch_size=batch_size, pipelines=pipelines, state=state)
+    resumed = epoch(b, 0, taken) + epoch(b, 1)
+    assert len(resumed) == len(rest) == expected
     for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
@@ -136,23 +146,6 @@ def test_pipelines_taking_turns_split_the_shard_disjointly(tiny_data):
         seen.append(torch.cat([y for _, y in epoch(ld)]))
     assert not set(seen[0].tolist()) & set(seen[1].tolist())
     assert sorted(torch.cat(seen).tolist()) == list(range(192))
-
-
-@pytest.mark.parametrize("taken", [1, 3])
-def test_resume_with_several_pipelines_continues_exactly(tiny_data, taken):
-    samples = indexed(scan_folder(tiny_data).train)  # 2 pipelines: 6 batches of 16 each
-    a = loader(samples, pipelines=2)
-    a.set_epoch(0)
-    it = iter(a)
-    for _ in range(taken):  # an odd count leaves the pipelines at different runs
-        next(it)
-    state = a.state_dict()
-    rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 1)
-    b = loader(samples, pipelines=2, state=state)
-    resumed = epoch(b, 0, taken) + epoch(b, 1)
-    assert len(resumed) == len(rest) == 12 - taken + 12
-    for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
-        assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
 def test_state_from_another_pipeline_count_restarts_the_epoch_order(tiny_data):
