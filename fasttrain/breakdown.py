@@ -126,14 +126,14 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     windows = []
     data_ranges, sync_ranges = [], []
     launched_at: dict[Any, float] = {}  # correlation id -> host launch time
-    gpu_events = []  # (start, end, correlation)
+    gpu_events = []  # (end, correlation)
     for e in events:
         start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         kind = classify(e)
         corr = (e.get("args") or {}).get("correlation")
         if kind is not None:
             gpu[kind].append((start, end))
-            gpu_events.append((start, end, corr))
+            gpu_events.append((end, corr))
             continue
         if corr is not None:
             launched_at[corr] = start
@@ -151,6 +151,7 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     memory = _union(gpu["memory"])
     busy = _union(compute + comm + memory)
     has_gpu = bool(busy)
+    data_ranges, sync_ranges = _union(data_ranges), _union(sync_ranges)
     out = []
     for (n, host_lo, host_hi), (lo, hi) in zip(
         windows, _gpu_windows(windows, gpu_events, launched_at), strict=True
@@ -159,8 +160,8 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
         c = _clip(compute, lo, hi)
         cm = _clip(comm, lo, hi)
         mem = _clip(memory, lo, hi)
-        data_wait = _length(_clip(_union(data_ranges), host_lo, host_hi)) * ms
-        sync = _length(_clip(_union(sync_ranges), host_lo, host_hi)) * ms
+        data_wait = _length(_clip(data_ranges, host_lo, host_hi)) * ms
+        sync = _length(_clip(sync_ranges, host_lo, host_hi)) * ms
         total = (hi - lo) * ms
         if has_gpu:
             comm_exposed = _minus(cm, c)
@@ -190,13 +191,13 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
 
 def _gpu_windows(
     windows: list[tuple[int, float, float]],
-    gpu_events: list[tuple[float, float, Any]],
+    gpu_events: list[tuple[float, Any]],
     launched_at: dict[Any, float],
 ) -> list[tuple[float, float]]:
     """Each host step window's GPU window (see the module docstring), in the same order."""
     starts = [lo for _, lo, _ in windows]
     last_end: dict[int, float] = {}  # window index -> end of its latest GPU work
-    for _, end, corr in gpu_events:
+    for end, corr in gpu_events:
         at = launched_at.get(corr) if corr is not None else None
         if at is None:
             continue
@@ -209,13 +210,9 @@ def _gpu_windows(
     out = []
     prev = None
     for i, (_, host_lo, host_hi) in enumerate(windows):
-        if i not in last_end:
-            lo = host_lo if prev is None else prev
-            out.append((lo, max(lo, host_hi)))  # no GPU work of its own: the host's window
-            prev = out[-1][1]
-            continue
         lo = host_lo if prev is None else prev
-        hi = max(lo, last_end[i])
+        # a step with no GPU work of its own runs on to its host window's end
+        hi = max(lo, last_end.get(i, host_hi))
         out.append((lo, hi))
         prev = hi
     return out
