@@ -9,14 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
-from fasttrain.config import OptimConfig, inductor_options
+from fasttrain.config import OptimConfig, inductor_options, triton_kernels
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.step import build_step, compile_kwargs
+from fasttrain.step import build_loss, build_step, compile_kwargs
 
 
 def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, Any]:
@@ -65,19 +64,23 @@ def make_step(
     image_size: int = 224,
     mode: str = "default",
     options: str | None = None,
+    kernels: str = "none",
 ) -> tuple[Callable[[], None], Any, DeviceMeter]:
     """One TrainStep variant ('eager', 'compiled', 'eager+graph', 'compiled+graph') on synthetic
-    bf16 channels_last data: a no-argument call that trains one step, the step, and its meter."""
+    bf16 channels_last data, with the ``--triton-kernels`` named: a no-argument call that trains
+    one step, the step, and its meter."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model = build_model(arch, 1000, True, dev)
+    use = triton_kernels(kernels)
+    model = build_model(arch, 1000, True, dev, triton_maxpool="maxpool" in use)
     optim_cfg = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     schedule = build_schedule(optim_cfg, batch, 5000, 90)
-    optimizer = build_optimizer(model, optim_cfg, schedule.lr_at(0))
+    optimizer = build_optimizer(model, optim_cfg, schedule.lr_at(0), triton="sgd" in use)
+    criterion, _ = build_loss(0.1, "bf16", xent="xent" in use)
     step = build_step(
         model=model,
         optimizer=optimizer,
-        criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
+        criterion=criterion,
         amp_dtype=torch.bfloat16,
         scaler=None,
         schedule=schedule,
@@ -124,6 +127,7 @@ def measure_step(kind: str, batch: int, **kw: Any) -> dict[str, Any]:
         "batch": batch,
         "mode": kw.get("mode", "default"),
         "options": kw.get("options") or "",
+        "kernels": kw.get("kernels", "none"),
         "img_per_s": rate,
         "block_img_per_s": rates,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30,

@@ -18,6 +18,13 @@
 #      new); GPU0 the whole pytest-benchmark suite (bench/gpu_suite.sh: step, loaders, kernels).
 #      f: DDP with DALI at 100 and 25 MB buckets, each twice and interleaved, between two 1-GPU
 #      runs (the bucket default rests on one same-call comparison).
+#   i, j (fifth session, a two-GPU machine): i, right after the first stash call, needs no DALI:
+#      in the background, GPU1 runs the Triton max-pool's tests, its kernel benchmark (tile
+#      sweep, against inductor and eager) and the step with and without it (`default` mode),
+#      while the 20,000-image set is built. j, after the last stash call: GPU0 DALI end to end
+#      with --compile-mode auto (coordinate-descent tuning, about 5 minutes) and the max-pool;
+#      once GPU0's tuning is cached and GPU1 is free, the same step on synthetic data on GPU1
+#      (the DALI cost, side by side). j waits J_WAIT seconds (default 420), then reports.
 #   g, h (not yet run): what max-autotune's conv and matmul choices each buy (issue 4), the step
 #      alone at batch 256, compiled + graphed, in the background on both GPUs (each autotune
 #      takes minutes): GPU0 the `default` mode with matmul autotuning only (1x1 convs as
@@ -27,6 +34,21 @@ set -uo pipefail
 part=${1:?a to h}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
+big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+if [ "$part" = i ]; then  # before DALI has arrived: no device_env.sh
+  python -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip-install.log 2>&1 \
+    || { cat /tmp/pip-install.log; exit 1; }
+  export PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache b
+  setsid nohup bash -c '
+    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    export CUDA_VISIBLE_DEVICES=1
+    python -m pytest -q -rA -p no:cacheprovider tests/test_kernels.py tests/test_gpu.py -k maxpool > $b/tests-maxpool.txt 2>&1
+    python -m pytest -q -p no:cacheprovider bench/test_kernels.py -k maxpool --benchmark-json $b/maxpool.json > $b/maxpool.txt 2>&1
+    python bench/report.py $b/maxpool.json > $b/maxpool.md 2>&1
+    python bench/step_variants.py --batch 256 --kinds compiled+graph --mode default --kernels none maxpool > $b/variants-maxpool.txt 2>&1
+    wait; touch $b/DONE1' > /dev/null 2>&1 < /dev/null &
+  sleep 2; exit 0
+fi
 source bench/device_env.sh
 synth=(--loader synthetic --synthetic-steps 40 --num-classes 10 --eval-every 0 --config configs/sample.yaml)
 if [ "$part" = a ]; then
@@ -89,6 +111,23 @@ elif [ "$part" = g ]; then
   setsid nohup bash -c "CUDA_VISIBLE_DEVICES=1 $sv --options none max_autotune,max_autotune_gemm_backends=ATEN > $b/variants-conv.txt 2>&1; touch $b/DONE1" > /dev/null 2>&1 < /dev/null &
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt
+elif [ "$part" = j ]; then
+  same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0 --triton-kernels maxpool)
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done
+  setsid nohup bash -c 'run_on j-dali 0 "$@"; touch $b/DONE0' _ --data $big "${same[@]}" > /dev/null 2>&1 < /dev/null &
+  started=
+  while [ $SECONDS -lt "${J_WAIT:-420}" ]; do
+    if [ -z "$started" ] && [ -e $b/DONE1 ] && grep -q "captured" $b/runs-j-dali.txt 2>/dev/null; then
+      setsid nohup bash -c 'run_on j-synth 1 "$@"; touch $b/DONE2' _ --loader synthetic \
+        --synthetic-steps 78 --num-classes 10 "${same[@]}" > /dev/null 2>&1 < /dev/null &
+      started=1
+    fi
+    [ -e $b/DONE0 ] && [ -e $b/DONE2 ] && break
+    sleep 3
+  done
+  tail -3 $b/tests-maxpool.txt; cat $b/maxpool.md; grep "^|" $b/variants-maxpool.txt
+  grep -h "first step\|captured\|img/s" $b/runs-j-*.txt | cut -c1-200 | tail -12
+  python bench/epoch_rates.py /tmp/runs/j-*/ | tee $b/epoch_rates.jsonl
 elif [ "$part" = h ]; then
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt

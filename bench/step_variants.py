@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--kinds", nargs="+", default=["eager", "compiled", "compiled+graph"])
     p.add_argument("--mode", default="default")
     p.add_argument("--options", nargs="+", default=["none"], help="--inductor-options values")
+    p.add_argument("--kernels", nargs="+", default=["none"], help="--triton-kernels values")
     p.add_argument("--arch", default="resnet50")
     p.add_argument("--jsonl", help="append one JSON line per variant here")
     args = p.parse_args()
@@ -35,22 +36,26 @@ def main() -> None:
         "channels_last, synthetic data | median of 6 blocks of 25 steps after 30 warm-up"
     )
     print(
-        "| step | batch | mode | inductor options | img/s | peak GiB | first step s | capture s |"
+        "| step | batch | mode | inductor options | Triton kernels | img/s | peak GiB "
+        "| first step s | capture s |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|")
+    variants = [(o, k) for o in args.options for k in args.kernels]
     for batch in args.batch:
-        for options in args.options:
+        for options, kernels in variants:
             for kind in args.kinds:
                 if "compiled" not in kind and options != args.options[0]:
                     continue  # options only change compiled variants
-                r = measure_step(kind, batch, arch=args.arch, mode=args.mode, options=options)
+                r = measure_step(
+                    kind, batch, arch=args.arch, mode=args.mode, options=options, kernels=kernels
+                )
                 cap = f"{r['capture_s']:.2f}" if r["capture_s"] is not None else ""
                 if r["graph_failed"]:
                     cap = "failed"
                 opts = options if "compiled" in kind else ""
                 mode = args.mode if "compiled" in kind else ""
                 print(
-                    f"| {kind} | {batch} | {mode} | {opts} | {r['img_per_s']:,.0f} | "
+                    f"| {kind} | {batch} | {mode} | {opts} | {kernels} | {r['img_per_s']:,.0f} | "
                     f"{r['peak_mem_gib']:.2f} | {r['first_step_s']:.1f} | {cap} |",
                     flush=True,
                 )

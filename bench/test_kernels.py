@@ -3,7 +3,9 @@
 - normalize: a 256 x 224 x 224 uint8 NHWC batch to bf16 channels_last, GB/s counting bytes read
   plus written (target: at least 70% of the device-to-device copy bandwidth, also measured here);
 - SGD: one update of ResNet-50's parameter set, against torch's foreach and fused SGD;
-- cross-entropy with label smoothing, forward + backward, batch 256 x 1000 classes.
+- cross-entropy with label smoothing, forward + backward, batch 256 x 1000 classes;
+- max-pool 3x3/2 of ResNet-50's stem (256 x 64 x 112 x 112 bf16 channels_last), forward +
+  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
 the GPU, less than the host takes to launch it from Python on a busy machine, and the target
@@ -114,3 +116,41 @@ def test_cross_entropy(benchmark, impl):
         fn(logits, labels, 0.1).backward()
 
     run(benchmark, step)
+
+
+MAXPOOL_TILES = [(32, 64, 4), (64, 64, 4), (16, 64, 2), (64, 64, 8), (128, 64, 8)]
+
+
+@pytest.mark.benchmark(group="kernels: max-pool 3x3/2 fwd+bwd")
+@pytest.mark.parametrize(
+    "impl", [f"triton {p}x{c}x{w}" for p, c, w in MAXPOOL_TILES] + ["torch compiled", "torch"]
+)
+def test_maxpool(benchmark, impl, monkeypatch):
+    import torch.nn.functional as F
+    from fasttrain.kernels import maxpool
+
+    cl = torch.channels_last
+    x = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+    x.requires_grad_(True)
+    grad = torch.randn(256, 64, 56, 56, device="cuda", dtype=torch.bfloat16)
+    grad = grad.to(memory_format=cl)
+    if impl.startswith("triton"):
+        tile = tuple(int(v) for v in impl.split()[1].split("x"))
+        monkeypatch.setattr(maxpool, "TILE", tile)
+        fn = lambda t: maxpool.max_pool2d(t, 3, 2, 1)  # noqa: E731
+    elif impl == "torch compiled":
+        fn = torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1), dynamic=False)
+    else:
+        fn = lambda t: F.max_pool2d(t, 3, 2, 1)  # noqa: E731
+
+    def step() -> None:
+        x.grad = None
+        fn(x).backward(grad)
+
+    run(benchmark, step)
+    # the least a forward + backward moves: input read, output (+ int8 offsets) written, then
+    # the gradient and offsets read and the input's gradient written
+    n_in, n_out = x.numel(), grad.numel()
+    benchmark.extra_info["GB_per_s"] = (
+        (2 * n_in + 2 * n_out + n_out) + (2 * n_out + n_out + 2 * n_in)
+    ) / (benchmark.extra_info["us_per_call"] * 1e3)

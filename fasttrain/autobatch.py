@@ -183,7 +183,13 @@ def auto_batch_size(
     sched = build_schedule(cfg.optim, 256, 100, 1)
 
     def make_model() -> nn.Module:
-        return build_model(cfg.model.arch, classes, cfg.model.channels_last, dist.device)
+        return build_model(
+            cfg.model.arch,
+            classes,
+            cfg.model.channels_last,
+            dist.device,
+            triton_maxpool="maxpool" in kernels,
+        )
 
     def make_step(model: nn.Module):
         criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)

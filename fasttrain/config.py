@@ -24,9 +24,13 @@ from fasttrain.errors import UserError
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 COMPILE_MODES = ("auto", "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
-# the fastest measured on an H200 with --cuda-graphs (BENCHMARKS.md): 7,278 img/s against 6,915
-# for "default", at batch 256; its first compile autotunes for about 8 minutes (cached after)
-FASTEST_COMPILE_MODE = "max-autotune-no-cudagraphs"
+# What --compile-mode auto compiles with on a GPU: the fastest measured on an H200 with
+# --cuda-graphs (BENCHMARKS.md, one process, batch 256): "default" plus coordinate-descent tuning
+# of inductor's Triton kernels, 7,316 img/s, against 6,931 for "default" alone and 7,243 for
+# max-autotune-no-cudagraphs (the same tuning plus conv and matmul autotuning, which cuDNN and
+# cuBLAS won almost everywhere). Its first compile tunes for about 5 minutes (cached after).
+FASTEST_COMPILE_MODE = "default"
+FASTEST_INDUCTOR_OPTIONS = "coordinate_descent_tuning"
 # inductor settings --compile uses unless --inductor-options says otherwise (BENCHMARKS.md)
 INDUCTOR_DEFAULTS: tuple[str, ...] = ()
 
@@ -75,7 +79,7 @@ class TrainConfig:
     accum_steps: int = 1
     amp: str | None = None  # None: bf16 on a GPU, off on the CPU
     compile: bool = False
-    compile_mode: str = "auto"  # FASTEST_COMPILE_MODE on a GPU, except the sample demo
+    compile_mode: str = "auto"  # FASTEST_COMPILE_MODE (+ its options) on a GPU, except the demo
     inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
     cuda_graphs: bool = False
     triton_kernels: str = "auto"  # comma list of KERNELS, none, or auto: measured faster and sound
@@ -368,11 +372,12 @@ OPTIONS: tuple[Option, ...] = (
         "--compile-mode",
         "train.compile_mode",
         str,
-        "torch.compile mode. auto: max-autotune-no-cudagraphs on a GPU, the fastest measured "
-        "(its first start autotunes for about 8 minutes on an H200; later starts reuse "
-        "inductor's cache), and default on the CPU and for the built-in sample demo, where "
-        "autotuning would outlast the run. The modes that capture CUDA graphs of their own "
-        "(reduce-overhead, max-autotune) cannot be combined with --cuda-graphs",
+        "torch.compile mode. auto: on a GPU, default plus inductor's coordinate_descent_tuning, "
+        "the fastest measured (its first start tunes every Triton kernel, about 5 minutes on "
+        "an H200; later starts reuse inductor's cache); on the CPU and for the built-in sample "
+        "demo, where tuning would outlast the run, default alone. The modes that capture CUDA "
+        "graphs of their own (reduce-overhead, max-autotune) cannot be combined with "
+        "--cuda-graphs",
         choices=COMPILE_MODES,
     ),
     Option(
@@ -408,11 +413,11 @@ OPTIONS: tuple[Option, ...] = (
         "fasttrain's Triton kernels to use instead of the torch path, comma-separated: "
         "normalize (the torchvision loader's uint8 -> normalised input, one pass), sgd (the "
         "optimizer over flat buffers, one launch), xent (fused softmax cross-entropy with label "
-        "smoothing), none, or auto: the ones measured faster than the torch path on an H200 and "
-        "passing the GPU tests (BENCHMARKS.md): normalize, with the torchvision loader on a "
-        "GPU. sgd measured 2.4x torch's fused SGD alone, a fraction of a percent of the step, "
-        "and its fp16 capture has not run on a GPU yet; xent measured level with torch: both "
-        "stay options",
+        "smoothing), maxpool (the stem's max-pool, forward and backward), none, or auto: the "
+        "ones measured faster than the torch path on an H200 and passing the GPU tests "
+        "(BENCHMARKS.md): normalize, with the torchvision loader on a GPU. sgd measured 2.4x "
+        "torch's fused SGD alone, a fraction of a percent of the step; xent measured level "
+        "with torch: both stay options",
     ),
     Option(
         "--strategy",
@@ -748,6 +753,15 @@ def _resolve_compile(t: TrainConfig, notes: list[str] | None, sample: bool = Fal
     if t.compile_mode == "auto":
         fast = t.compile and t.device == "cuda" and not sample
         t.compile_mode = FASTEST_COMPILE_MODE if fast else "default"
+        given, tuning = t.inductor_options, FASTEST_INDUCTOR_OPTIONS
+        if fast and given is None:
+            t.inductor_options = ",".join((tuning, *INDUCTOR_DEFAULTS))
+        elif (
+            fast  # the tuning joins --inductor-options, unless they set it themselves
+            and given not in ("", "none")
+            and not inductor_options(given).keys() & inductor_options(tuning).keys()
+        ):
+            t.inductor_options = f"{tuning},{given}"
     elif not t.compile and t.compile_mode != "default":
         raise UserError(f"--compile-mode {t.compile_mode}: add --compile to use it")
     if not t.compile:
@@ -770,7 +784,7 @@ def _resolve_compile(t: TrainConfig, notes: list[str] | None, sample: bool = Fal
         )
 
 
-KERNELS = ("normalize", "sgd", "xent")
+KERNELS = ("normalize", "sgd", "xent", "maxpool")
 
 
 def triton_kernels(text: str) -> set[str]:

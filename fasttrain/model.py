@@ -14,15 +14,25 @@ def build_model(
     device: torch.device,
     *,
     zero_init_residual: bool = False,
+    triton_maxpool: bool = False,
 ) -> nn.Module:
     """A freshly initialised torchvision model (weights=None: nothing is downloaded).
 
     ``zero_init_residual`` zeroes the last BN scale of every residual block, so each block starts
     as the identity: the large-batch ImageNet recipe (Goyal et al. 2017), and timm's default.
+    ``triton_maxpool`` swaps the stem's max-pool for fasttrain's Triton one (no parameters: the
+    state dict is torchvision's either way).
     """
     model = getattr(torchvision.models, arch)(
         weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual
     )
+    if triton_maxpool:
+        from fasttrain.kernels.maxpool import MaxPool2d
+
+        pool = model.maxpool
+        if not MaxPool2d.replaces(pool):
+            raise ValueError(f"{arch}'s max-pool {pool} is not one the Triton kernel computes")
+        model.maxpool = MaxPool2d(pool.kernel_size, pool.stride, pool.padding)
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -98,6 +98,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         cfg.model.channels_last,
         dist.device,
         zero_init_residual=cfg.model.zero_init_residual,
+        triton_maxpool="maxpool" in kernels,
     )
     net = wrap_model(model, t, dist)  # what the step trains; checkpoints and eval use ``model``
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
@@ -106,12 +107,17 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         ckpt.check_free_space(run_dir, ckpt.checkpoint_bytes(model), cfg.run.keep_checkpoints)
     compile_options = compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
-    if t.compile and "autotune" in t.compile_mode and dist.is_main:
+    tunes = "autotune" in t.compile_mode or compile_options.get("options", {}).get(
+        "coordinate_descent_tuning"
+    )
+    if t.compile and tunes and dist.is_main:
         log.info(
-            "--compile-mode %s: the first start autotunes every convolution and matmul (about 8 "
-            "minutes for ResNet-50 on an H200); later starts reuse inductor's cache. "
-            "--compile-mode default compiles in about a minute, about 5%% slower per step",
+            "--compile-mode %s, --inductor-options %s: the first start benchmarks inductor's "
+            "kernel choices (about 5 minutes for ResNet-50 on an H200; max-autotune about 9); "
+            "later starts reuse inductor's cache. --compile-mode default --inductor-options none "
+            "compiles in under a minute, about 5%% slower per step",
             t.compile_mode,
+            t.inductor_options,
         )
     train_step = build_step(
         model=net,

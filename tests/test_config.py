@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from fasttrain.config import (
+    FASTEST_COMPILE_MODE,
     INDUCTOR_DEFAULTS,
     OPTIONS,
     SECTIONS,
@@ -226,10 +227,11 @@ def test_compile_settings_are_checked_together():
         "--compile", "--inductor-options", "conv_1x1_as_mm,max_autotune_gemm_backends=ATEN,TRITON"
     ).train
     assert inductor_options(t.inductor_options) == {
+        "coordinate_descent_tuning": True,  # --compile-mode auto's, on a GPU
         "conv_1x1_as_mm": True,
         "max_autotune_gemm_backends": "ATEN,TRITON",
     }
-    default = _resolved("--compile").train.inductor_options
+    default = _resolved("--compile", "--compile-mode", "default").train.inductor_options
     assert inductor_options(default) == dict.fromkeys(INDUCTOR_DEFAULTS, True)
     assert _resolved().train.inductor_options is None  # nothing to compile, nothing claimed
     for flags, message in [
@@ -261,14 +263,30 @@ def test_compile_kwargs_merge_a_mode_with_options():
     assert merged["options"].get("triton.cudagraphs", False) is False
 
 
-def test_auto_compile_mode_is_the_fastest_measured_except_where_autotuning_outlasts_the_run():
-    assert _resolved("--compile").train.compile_mode == "max-autotune-no-cudagraphs"
-    assert _resolved("--compile", cuda=False).train.compile_mode == "default"
-    sample = resolve(parse_args(["--compile"], True)[0], True)  # the built-in demo
-    assert sample.train.compile_mode == "default"
+def test_auto_compile_mode_is_the_fastest_measured_except_where_tuning_outlasts_the_run():
+    def chosen(*flags, cuda=True, sample=False):
+        t = resolve(
+            parse_args([*(() if sample else ("--data", "/d")), *flags], cuda)[0], cuda
+        ).train
+        return t.compile_mode, inductor_options(t.inductor_options)
+
+    tuned = {"coordinate_descent_tuning": True}
+    assert chosen("--compile") == (FASTEST_COMPILE_MODE, tuned)
+    assert chosen("--compile", cuda=False) == ("default", {})
+    assert chosen("--compile", sample=True) == ("default", {})  # the built-in demo
     assert _resolved().train.compile_mode == "default"  # no --compile: the neutral value
-    chosen = _resolved("--compile", "--compile-mode", "default").train.compile_mode
-    assert chosen == "default"
+    # an explicit mode is taken as it is, with no tuning added
+    assert chosen("--compile", "--compile-mode", "default") == ("default", {})
+    max_autotune = chosen("--compile", "--compile-mode", "max-autotune-no-cudagraphs")
+    assert max_autotune == ("max-autotune-no-cudagraphs", {})
+    # auto adds the tuning to --inductor-options, unless they set it or say none
+    assert chosen("--compile", "--inductor-options", "conv_1x1_as_mm") == (
+        "default",
+        {**tuned, "conv_1x1_as_mm": True},
+    )
+    off = chosen("--compile", "--inductor-options", "coordinate_descent_tuning=False")
+    assert off == ("default", {"coordinate_descent_tuning": False})
+    assert chosen("--compile", "--inductor-options", "none") == ("default", {})
 
 
 def test_parallel_settings_are_checked_against_the_launch():

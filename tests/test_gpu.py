@@ -51,11 +51,12 @@ def make(
     criterion: nn.Module | None = None,
     fixed_inputs: bool = False,
     triton: bool = False,
+    maxpool: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
-    fasttrain's fused SGD (the one-GPU default) instead of torch's."""
+    fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem."""
     torch.manual_seed(0)
-    model = build_model("resnet18", CLASSES, True, DEV)
+    model = build_model("resnet18", CLASSES, True, DEV, triton_maxpool=maxpool)
     schedule = build_schedule(
         OptimConfig(warmup_epochs=0.5, lr_schedule="cosine"), BATCH * accum, 20, 2
     )
@@ -119,6 +120,21 @@ def test_step_matches_eager_over_24_steps(kind, triton):
     assert ref_losses[-1] < 0.7 * ref_losses[0]  # it learns, so the comparison means something
     assert losses[-1] < 0.7 * losses[0]
     assert max(diffs) < 5e-2, diffs
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled+graph"])
+def test_triton_maxpool_step_matches_torch_over_24_steps(kind):
+    """The Triton max-pool in the step (as ``--triton-kernels maxpool``) against eager torch,
+    free-running as above; eager with it is held closer, since only the pool differs."""
+    data = batches(24)
+    _ref_model, ref_step = make("eager")
+    ref_losses = train(ref_step, data)
+    _model, step = make(kind, maxpool=True)
+    losses = train(step, data)
+    diffs = [abs(a - b) / b for a, b in zip(losses, ref_losses, strict=True)]
+    print(f"{kind} with the Triton max-pool vs eager: max loss diff {max(diffs):.2e}")
+    assert losses[-1] < 0.7 * losses[0]
+    assert max(diffs) < (5e-2 if "compiled" in kind else 2e-2), diffs
 
 
 @pytest.mark.parametrize("base", ["eager", "compiled"])
@@ -235,12 +251,21 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
 
 
 @pytest.mark.parametrize(
-    "kind", ["eager", "compiled", "eager+graph", "compiled+graph", "compiled+graph+triton-sgd"]
+    "kind",
+    [
+        "eager",
+        "compiled",
+        "eager+graph",
+        "compiled+graph",
+        "compiled+graph+triton-sgd",
+        "compiled+graph+triton-maxpool",
+    ],
 )
 def test_steady_state_steps_do_not_sync(kind):
     """Between two log steps, the loop's per-step work never waits on the device."""
     torch.backends.cudnn.benchmark = True
-    _model, step = make(kind.removesuffix("+triton-sgd"), triton=kind.endswith("triton-sgd"))
+    base, _, extra = kind.partition("+triton-")
+    _model, step = make(base, triton=extra == "sgd", maxpool=extra == "maxpool")
     data = batches(4)
     meter = DeviceMeter(DEV)
     for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth

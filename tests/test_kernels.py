@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from fasttrain.kernels.cross_entropy import CrossEntropy, cross_entropy, cross_entropy_reference
 from fasttrain.kernels.normalize import normalize, normalize_reference
 from fasttrain.kernels.sgd import FusedSGD, lars_reference
@@ -254,3 +255,95 @@ def test_fused_sgd_unscales_and_skips_from_grad_scaler_tensors(lars):
     scaler.update()
     assert torch.equal(opt.flat_param, before[0]) and torch.equal(opt.flat_buf, before[1])
     assert scaler.get_scale() == 512.0  # halved for the inf, as for any optimizer
+
+
+@pytest.mark.parametrize(
+    "shape, pool, channels_last, dtype",
+    [
+        ((2, 5, 9, 7), (3, 2, 1), True, torch.float32),  # ResNet's stem pool, odd sizes
+        ((1, 70, 6, 5), (3, 2, 1), True, torch.bfloat16),  # channels past one 64-wide tile
+        ((3, 3, 8, 8), (2, 2, 0), False, torch.float32),  # NCHW, windows that do not overlap
+        ((1, 4, 5, 6), (3, 1, 1), True, torch.float32),  # stride 1: an input in up to 9 windows
+    ],
+)
+def test_maxpool_forward_and_backward_match_torch(shape, pool, channels_last, dtype):
+    from fasttrain.kernels.maxpool import max_pool2d
+
+    g = torch.Generator().manual_seed(sum(shape))
+    # small integers: many ties, where the first maximum in the window must take the gradient
+    x = torch.randint(0, 4, shape, generator=g).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    x = x.to(DEV)
+    a = x.clone().requires_grad_()
+    b = x.float().requires_grad_()  # the reference in fp32: torch's bf16 backward adds in bf16
+    out_a, out_b = max_pool2d(a, *pool), F.max_pool2d(b, *pool)
+    assert out_a.dtype == dtype and out_a.stride() == out_b.stride()
+    torch.testing.assert_close(out_a.float(), out_b, rtol=0, atol=0)
+    grad = torch.randn(out_b.shape, generator=g).to(dtype).to(DEV)
+    out_a.backward(grad)
+    out_b.backward(grad.float())
+    assert a.grad.stride() == b.grad.stride()
+    # one gradient may be the sum of several windows', added in another order than torch's
+    tol = max(torch.finfo(dtype).eps, 1e-5)
+    torch.testing.assert_close(a.grad.float(), b.grad, rtol=tol, atol=tol)
+
+
+def test_maxpool_takes_inf_and_nan_as_torch_does():
+    from fasttrain.kernels.maxpool import max_pool2d
+
+    inf, nan = float("inf"), float("nan")
+    for x in (
+        torch.full((1, 1, 3, 3), -inf),  # nothing beats -inf: the first in-bounds element wins
+        torch.tensor([[[[1.0, nan, 2.0], [3.0, 5.0, nan], [0.0, 4.0, 1.0]]]]),  # NaN propagates
+    ):
+        a = x.to(DEV).requires_grad_()
+        b = x.to(DEV).detach().clone().requires_grad_()  # its own leaf, also where DEV is the CPU
+        out_a, out_b = max_pool2d(a, 3, 2, 1), F.max_pool2d(b, 3, 2, 1)
+        torch.testing.assert_close(out_a, out_b, equal_nan=True)
+        out_a.sum().backward()
+        out_b.sum().backward()
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_maxpool_swaps_into_the_model_with_the_same_state_dict_and_outputs():
+    from fasttrain.kernels.maxpool import MaxPool2d
+
+    from fasttrain.model import build_model
+
+    torch.manual_seed(0)
+    ref = build_model("resnet18", 4, True, DEV)
+    model = build_model("resnet18", 4, True, DEV, triton_maxpool=True)
+    assert isinstance(model.maxpool, MaxPool2d) and not isinstance(ref.maxpool, MaxPool2d)
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 32, 32, device=DEV).to(memory_format=torch.channels_last)
+    out, want = model(x), ref(x)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    # the pool's gradient sums overlapping windows in another order; BN over a batch of 2
+    # amplifies that rounding on its way back to the first conv
+    torch.testing.assert_close(model.conv1.weight.grad, ref.conv1.weight.grad, rtol=1e-3, atol=1e-3)
+    assert not MaxPool2d.replaces(torch.nn.MaxPool2d(3, 2, 1, ceil_mode=True))
+
+
+def test_maxpool_under_torch_compile_matches_eager():
+    """torch.compile calls the custom op as one op, forward and backward."""
+    from fasttrain.kernels.maxpool import MaxPool2d
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1).to(DEV)
+    x = torch.randn(2, 3, 12, 10, device=DEV).to(memory_format=torch.channels_last)
+
+    def stem(w: torch.Tensor) -> torch.Tensor:
+        return MaxPool2d(3, 2, 1)(torch.relu(F.conv2d(x, w, padding=1))).square().sum()
+
+    w_eager = conv.weight.detach().clone().requires_grad_()
+    w_compiled = conv.weight.detach().clone().requires_grad_()
+    loss_eager = stem(w_eager)
+    loss_compiled = torch.compile(stem, dynamic=False)(w_compiled)
+    torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-5, atol=1e-5)
+    loss_eager.backward()
+    loss_compiled.backward()
+    torch.testing.assert_close(w_compiled.grad, w_eager.grad, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,224 @@
+"""2-D max-pooling, forward and backward, for ResNet's stem (3x3, stride 2, padding 1).
+
+Why: in the compiled ResNet-50 step on an H200, inductor's max-pool of the stem took 1.8 ms per
+step forward + backward (bench/stem.py), about 5% of the step, for about 0.7 GB of memory
+traffic: its backward recomputes the forward's argmax from the input, window by window. Here the
+forward keeps each output's argmax as an int8 offset in its window, and the backward gathers:
+each input pixel checks the few windows that hold it and sums the gradients of those whose
+argmax it is. Both work on tiles of pixels x channels, so channels_last reads and writes are
+contiguous.
+
+Registered as the custom ops ``fasttrain::max_pool2d`` and ``fasttrain::max_pool2d_backward``
+(``torch.library``), so ``torch.compile`` calls them as single ops. ``F.max_pool2d`` is the
+reference; the tests hold them together, ties and -inf included (the first maximum in a window
+wins, as in torch, and NaN propagates).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+TILE = (32, 64, 4)  # pixels, channels, warps
+
+
+@triton.jit
+def _pool_fwd(
+    x_ptr, out_ptr, off_ptr,
+    P_TOTAL, C, H, W, OH, OW,
+    sxn, sxc, sxh, sxw, son, soc, soh, sow,
+    K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # output pixels, (n, oh, ow) flat
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = p < P_TOTAL
+    c_ok = c < C
+    n = (p // (OH * OW)).to(tl.int64)
+    oh = (p // OW) % OH
+    ow = p % OW
+    best = tl.full((BLOCK_P, BLOCK_C), -float("inf"), tl.float32)
+    # torch starts from the window's first in-bounds position, so an all -inf window points there
+    first = tl.maximum(PAD - oh * S, 0) * K + tl.maximum(PAD - ow * S, 0)
+    arg = tl.zeros((BLOCK_P, BLOCK_C), tl.int32) + first[:, None]
+    x_base = x_ptr + n * sxn
+    for kh in tl.static_range(K):
+        ih = oh * S - PAD + kh
+        for kw in tl.static_range(K):
+            iw = ow * S - PAD + kw
+            ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            ptr = x_base + ih.to(tl.int64) * sxh + iw * sxw
+            v = tl.load(
+                ptr[:, None] + c[None, :] * sxc,
+                mask=ok[:, None] & c_ok[None, :],
+                other=-float("inf"),
+            ).to(tl.float32)
+            take = (v > best) | (v != v)  # as torch: a greater value, or NaN, takes over
+            best = tl.where(take, v, best)
+            arg = tl.where(take, kh * K + kw, arg)
+    mask = p_ok[:, None] & c_ok[None, :]
+    out = out_ptr + n * son + oh.to(tl.int64) * soh + ow * sow
+    tl.store(out[:, None] + c[None, :] * soc, best.to(out_ptr.dtype.element_ty), mask=mask)
+    off = off_ptr + p.to(tl.int64)[:, None] * C + c[None, :]
+    tl.store(off, arg.to(tl.int8), mask=mask)
+
+
+@triton.jit
+def _pool_bwd(
+    g_ptr, off_ptr, dx_ptr,
+    P_TOTAL, C, H, W, OH, OW,
+    sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
+    K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr, CAND: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # input pixels, (n, ih, iw) flat
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = p < P_TOTAL
+    c_ok = c < C
+    n = (p // (H * W)).to(tl.int64)
+    ih = (p // W) % H
+    iw = p % W
+    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    # the windows holding (ih, iw): oh from (ih + PAD) // S down, at most CAND of them per axis
+    for dh in tl.static_range(CAND):
+        oh = (ih + PAD) // S - dh
+        kh = ih + PAD - oh * S
+        ok_h = (oh >= 0) & (oh < OH) & (kh < K)
+        for dw in tl.static_range(CAND):
+            ow = (iw + PAD) // S - dw
+            kw = iw + PAD - ow * S
+            ok = p_ok & ok_h & (ow >= 0) & (ow < OW) & (kw < K)
+            m = ok[:, None] & c_ok[None, :]
+            q = (n * OH + oh) * OW + ow  # the output pixel, flat
+            o = tl.load(off_ptr + q[:, None] * C + c[None, :], mask=m, other=-1)
+            g_row = g_ptr + n * sgn + oh.to(tl.int64) * sgh + ow * sgw
+            g = tl.load(g_row[:, None] + c[None, :] * sgc, mask=m, other=0.0).to(tl.float32)
+            acc += tl.where(o.to(tl.int32) == (kh * K + kw)[:, None], g, 0.0)
+    dx = dx_ptr + n * sdn + ih.to(tl.int64) * sdh + iw * sdw
+    tl.store(
+        dx[:, None] + c[None, :] * sdc,
+        acc.to(dx_ptr.dtype.element_ty),
+        mask=p_ok[:, None] & c_ok[None, :],
+    )
+
+
+def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def _like(x: torch.Tensor, shape: tuple[int, int, int, int], channels_last: bool) -> torch.Tensor:
+    """An empty (N, C, H, W) tensor in channels_last or contiguous layout, as the input was."""
+    n, c, h, w = shape
+    if channels_last:
+        return x.new_empty((n, h, w, c)).permute(0, 3, 1, 2)
+    return x.new_empty(shape)
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+@torch.library.custom_op("fasttrain::max_pool2d", mutates_args=())
+def _pool(
+    x: torch.Tensor, kernel: int, stride: int, padding: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
+    out = _like(x, (n, c, oh, ow), _channels_last(x))
+    offsets = x.new_empty((n, oh, ow, c), dtype=torch.int8)
+    bp, bc, warps = TILE
+    grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
+    _pool_fwd[grid](
+        x, out, offsets, n * oh * ow, c, h, w, oh, ow, *x.stride(), *out.stride(),
+        K=kernel, S=stride, PAD=padding, BLOCK_P=bp, BLOCK_C=bc, num_warps=warps,
+    )  # fmt: skip
+    return out, offsets
+
+
+@_pool.register_fake
+def _(x, kernel, stride, padding):
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
+    out = _like(x, (n, c, oh, ow), _channels_last(x))
+    return out, x.new_empty((n, oh, ow, c), dtype=torch.int8)
+
+
+@torch.library.custom_op("fasttrain::max_pool2d_backward", mutates_args=())
+def _pool_backward(
+    grad: torch.Tensor,
+    offsets: torch.Tensor,
+    height: int,
+    width: int,
+    channels_last: bool,
+    kernel: int,
+    stride: int,
+    padding: int,
+) -> torch.Tensor:
+    n, c, oh, ow = grad.shape
+    dx = _like(grad, (n, c, height, width), channels_last)
+    bp, bc, warps = TILE
+    grid = (triton.cdiv(n * height * width, bp), triton.cdiv(c, bc))
+    _pool_bwd[grid](
+        grad, offsets, dx, n * height * width, c, height, width, oh, ow,
+        *grad.stride(), *dx.stride(),
+        K=kernel, S=stride, PAD=padding, CAND=-(-kernel // stride),
+        BLOCK_P=bp, BLOCK_C=bc, num_warps=warps,
+    )  # fmt: skip
+    return dx
+
+
+@_pool_backward.register_fake
+def _(grad, offsets, height, width, channels_last, kernel, stride, padding):
+    n, c = grad.shape[:2]
+    return _like(grad, (n, c, height, width), channels_last)
+
+
+def _setup(ctx, inputs, output):
+    x, ctx.kernel, ctx.stride, ctx.padding = inputs
+    ctx.height, ctx.width = x.shape[2:]
+    ctx.channels_last = _channels_last(x)
+    ctx.save_for_backward(output[1])
+
+
+def _backward(ctx, grad_out, grad_offsets):
+    (offsets,) = ctx.saved_tensors
+    dx = _pool_backward(
+        grad_out, offsets, ctx.height, ctx.width, ctx.channels_last,
+        ctx.kernel, ctx.stride, ctx.padding,
+    )  # fmt: skip
+    return dx, None, None, None
+
+
+_pool.register_autograd(_backward, setup_context=_setup)
+
+
+def max_pool2d(x: torch.Tensor, kernel: int, stride: int, padding: int) -> torch.Tensor:
+    """``F.max_pool2d(x, kernel, stride, padding)`` (dilation 1, floor mode) by the kernels."""
+    if padding > kernel // 2:
+        raise ValueError(f"max_pool2d: padding {padding} is more than half the kernel {kernel}")
+    return _pool(x, kernel, stride, padding)[0]
+
+
+class MaxPool2d(nn.Module):
+    """Drop-in for ``nn.MaxPool2d(kernel, stride, padding)`` running the Triton kernels."""
+
+    def __init__(self, kernel_size: int, stride: int, padding: int = 0):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    @classmethod
+    def replaces(cls, pool: nn.Module) -> bool:
+        """Whether ``pool`` is an ``nn.MaxPool2d`` these kernels compute (square, dilation 1,
+        floor mode, int sizes)."""
+        if not isinstance(pool, nn.MaxPool2d) or pool.ceil_mode or pool.return_indices:
+            return False
+        sizes = (pool.kernel_size, pool.stride, pool.padding, pool.dilation)
+        return all(isinstance(s, int) for s in sizes) and pool.dilation == 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
