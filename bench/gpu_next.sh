@@ -14,10 +14,10 @@
 #      buckets. Then each run's rate with and without epoch starts (bench/epoch_rates.py).
 #   d (short): at once, GPU0 DALI and GPU1 synthetic data with the same step on one GPU each (the
 #      CLI's DALI cost, in-epoch); then DDP with DALI at the default (auto: 100 MB) and 25 MB.
-#   e, f (not yet run: the next visit). e: GPU1 the GPU tests (the Triton SGD's fp16 capture is
-#      new); GPU0 the whole pytest-benchmark suite (bench/gpu_suite.sh: step, loaders, kernels).
-#      f: DDP with DALI at 100 and 25 MB buckets, each twice and interleaved, between two 1-GPU
-#      runs (the bucket default rests on one same-call comparison).
+#   e: GPU1 the GPU tests; GPU0 the whole pytest-benchmark suite (bench/gpu_suite.sh). The fifth
+#      session ran the same two one after the other on a one-GPU machine, by hand.
+#   f (not yet run): DDP with DALI at 100 and 25 MB buckets, each twice and interleaved, between
+#      two 1-GPU runs (the bucket default rests on one same-call comparison).
 #   i, j (fifth session, a two-GPU machine): i, right after the first stash call, needs no DALI:
 #      in the background, GPU1 runs the Triton max-pool's tests, its kernel benchmark (tile
 #      sweep, against inductor and eager) and the step with and without it (`default` mode),
@@ -25,7 +25,9 @@
 #      with --compile-mode auto (coordinate-descent tuning, about 5 minutes) and the max-pool;
 #      once GPU0's tuning is cached and GPU1 is free, the same step on synthetic data on GPU1
 #      (the DALI cost, side by side). j waits J_WAIT seconds (default 420), then reports.
-#   g, h (not yet run): what max-autotune's conv and matmul choices each buy (issue 4), the step
+#   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
+#      max-autotune in one process, and read the autotune log for the conv and matmul choices):
+#      what max-autotune's conv and matmul choices each buy (issue 4), the step
 #      alone at batch 256, compiled + graphed, in the background on both GPUs (each autotune
 #      takes minutes): GPU0 the `default` mode with matmul autotuning only (1x1 convs as
 #      matmuls, so they are tuned too), GPU1 conv autotuning only (matmuls left to aten); then

@@ -325,9 +325,10 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
 @pytest.mark.parametrize(
     "flags, cuda, world, expected",
     [
-        (["--loader", "dali"], True, 1, "none"),  # sgd failed GPU tests: not a default
-        (["--loader", "torchvision"], True, 1, "normalize"),
-        (["--loader", "torchvision"], True, 2, "normalize"),  # DDP owns the gradients
+        (["--loader", "dali"], True, 1, "maxpool"),  # sgd and xent: not faster in the step
+        (["--loader", "dali", "--no-channels-last"], True, 1, "none"),  # maxpool wants NHWC
+        (["--loader", "torchvision"], True, 1, "normalize,maxpool"),
+        (["--loader", "torchvision"], True, 2, "normalize,maxpool"),  # DDP owns the gradients
         (["--loader", "torchvision"], False, 1, "none"),  # the CPU: no Triton
         (["--triton-kernels", "xent", "--loader", "dali"], True, 2, "xent"),  # as asked
     ],
