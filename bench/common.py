@@ -32,27 +32,33 @@ def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, 
     )
 
 
-def timed(
-    step_fn: Callable[[], None], images: int, warmup: int = 30, block: int = 25, blocks: int = 6
-) -> tuple[float, list[float]]:
-    """img/s from the median of ``blocks`` blocks of ``block`` calls, each between two CUDA
-    events, after ``warmup`` calls; also every block's img/s.
+def block_ms(fn: Callable[[], None], warmup: int, block: int, blocks: int) -> list[float]:
+    """Each of ``blocks`` blocks' mean ms per call over ``block`` calls between two CUDA events,
+    after ``warmup`` calls.
 
-    Blocks, not single steps: a sync after every step would stop the host from running ahead,
+    Blocks, not single calls: a sync after every call would stop the host from running ahead,
     which the trainer never does, and would expose launch latency the trainer hides.
     """
     for _ in range(warmup):
-        step_fn()
+        fn()
     torch.cuda.synchronize()
-    rates = []
+    out = []
     for _ in range(blocks):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(block):
-            step_fn()
+            fn()
         end.record()
         end.synchronize()
-        rates.append(images * block / (start.elapsed_time(end) / 1e3))
+        out.append(start.elapsed_time(end) / block)
+    return out
+
+
+def timed(
+    step_fn: Callable[[], None], images: int, warmup: int = 30, block: int = 25, blocks: int = 6
+) -> tuple[float, list[float]]:
+    """img/s from the median of ``block_ms``'s blocks of steps of ``images``; every block's too."""
+    rates = [images / (ms / 1e3) for ms in block_ms(step_fn, warmup, block, blocks)]
     return statistics.median(rates), rates
 
 
