@@ -161,11 +161,12 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         data.description,
     )
     log.info(
-        "device %s, amp %s, step %s, strategy %s | global batch %d (%d per GPU x %d GPU(s) "
+        "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per GPU x %d GPU(s) "
         "x %d accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
         train_step.description,
+        f" (Triton kernels: {t.triton_kernels})" if kernels else "",
         f"ddp ({ddp_bucket_cap_mb(t, dist)} MB buckets)" if t.strategy == "ddp" else t.strategy,
         global_batch,
         t.batch_size,
