@@ -385,9 +385,10 @@ OPTIONS: tuple[Option, ...] = (
         "train.inductor_options",
         str,
         "comma-separated inductor settings for --compile, NAME or NAME=VALUE (torch._inductor."
-        "config), e.g. conv_1x1_as_mm,coordinate_descent_tuning; 'none' for none (default: "
-        f"{','.join(INDUCTOR_DEFAULTS) or 'none'}, the fastest measured on an H200: "
-        "BENCHMARKS.md)",
+        "config), e.g. conv_1x1_as_mm,max_autotune; 'none' for none. Default: "
+        f"{','.join(INDUCTOR_DEFAULTS) or 'none'}, and under --compile-mode auto on a GPU "
+        f"{FASTEST_INDUCTOR_OPTIONS} joins them unless they set it (the fastest measured on an "
+        "H200: BENCHMARKS.md)",
         nullable=True,
     ),
     Option(
