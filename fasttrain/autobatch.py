@@ -28,7 +28,7 @@ from torch import nn
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
-from fasttrain.model import build_model
+from fasttrain.model import build_configured_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.step import build_loss, build_step
 
@@ -183,13 +183,7 @@ def auto_batch_size(
     sched = build_schedule(cfg.optim, 256, 100, 1)
 
     def make_model() -> nn.Module:
-        return build_model(
-            cfg.model.arch,
-            classes,
-            cfg.model.channels_last,
-            dist.device,
-            triton_maxpool="maxpool" in kernels,
-        )
+        return build_configured_model(cfg.model, classes, dist.device, kernels)
 
     def make_step(model: nn.Module):
         criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)

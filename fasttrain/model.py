@@ -6,6 +6,8 @@ import torch
 import torchvision
 from torch import nn
 
+from fasttrain.config import ModelConfig
+
 
 def build_model(
     arch: str,
@@ -37,6 +39,21 @@ def build_model(
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def build_configured_model(
+    cfg: ModelConfig, num_classes: int, device: torch.device, kernels: set[str]
+) -> nn.Module:
+    """The model ``--arch`` and the model flags describe, with the ``--triton-kernels`` that
+    change it: one place, so the trainer and ``--batch-size auto``'s trials build the same one."""
+    return build_model(
+        cfg.arch,
+        num_classes,
+        cfg.channels_last,
+        device,
+        zero_init_residual=cfg.zero_init_residual,
+        triton_maxpool="maxpool" in kernels,
+    )
 
 
 def param_groups(model: nn.Module, weight_decay: float, bn_weight_decay: bool) -> list[dict]:

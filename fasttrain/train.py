@@ -24,7 +24,7 @@ from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
-from fasttrain.model import build_model
+from fasttrain.model import build_configured_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.parallel import average_bn_statistics, ddp_bucket_cap_mb, wrap_model
 from fasttrain.profiling import RunProfiler, StepTimer, configure, span
@@ -92,14 +92,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
             f"--accum-steps {t.accum_steps}: an epoch has only {len(data.train)} "
             "batches, fewer than one optimizer step; lower it or --batch-size"
         )
-    model = build_model(
-        cfg.model.arch,
-        data.num_classes,
-        cfg.model.channels_last,
-        dist.device,
-        zero_init_residual=cfg.model.zero_init_residual,
-        triton_maxpool="maxpool" in kernels,
-    )
+    model = build_configured_model(cfg.model, data.num_classes, dist.device, kernels)
     net = wrap_model(model, t, dist)  # what the step trains; checkpoints and eval use ``model``
     schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton="sgd" in kernels)
