@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,23 @@ class DeviceMeter:
         self.sums.zero_()
         self.samples = 0
         return loss_sum / max(n, 1), 100.0 * correct / max(n, 1), n
+
+
+def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
+    """Steady-state img/s: images over time, summed over the intervals (epoch, images, seconds)
+    after the first epoch.
+
+    The first epoch is left out: it holds warm-up and compile, and a loader that prefetched
+    during the compile makes it look faster than the loader is. A run shorter than two epochs
+    leaves out only its first interval. Weighting by images, not a median of intervals, keeps a
+    short interval at an epoch's end from counting as much as a full one.
+    """
+    if not intervals:
+        return None
+    first_epoch = intervals[0][0]
+    kept = [iv for iv in intervals if iv[0] > first_epoch] or intervals[1:]
+    seconds = sum(iv[2] for iv in kept)
+    return sum(iv[1] for iv in kept) / seconds if seconds > 0 else None
 
 
 class Metrics:
@@ -185,19 +203,8 @@ class Metrics:
         )
 
     def steady_rate(self) -> float | None:
-        """Steady-state img/s: images over time, summed over the intervals after the first epoch.
-
-        The first epoch is left out: it holds warm-up and compile, and a loader that prefetched
-        during the compile makes it look faster than the loader is. A run shorter than two epochs
-        leaves out only its first interval. Weighting by images, not a median of intervals, keeps a
-        short interval at an epoch's end from counting as much as a full one.
-        """
-        if not self.intervals:
-            return None
-        first_epoch = self.intervals[0][0]
-        kept = [iv for iv in self.intervals if iv[0] > first_epoch] or self.intervals[1:]
-        seconds = sum(iv[2] for iv in kept)
-        return sum(iv[1] for iv in kept) / seconds if seconds > 0 else None
+        """Steady-state img/s of this run's log intervals (``steady_rate`` below)."""
+        return steady_rate(self.intervals)
 
     def close(self) -> None:
         if self.bar is not None:
