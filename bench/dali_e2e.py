@@ -1,16 +1,19 @@
 """Where DALI's end-to-end cost goes: one compiled + graphed ResNet-50 step (batch 256, bf16) fed
-by synthetic data and by DALI under each executor setting, side by side in one process; DALI
+by synthetic data and by DALI under each loader setting, side by side in one process; DALI
 alone, and DALI pulled while the step trains on synthetic data; then a trace of each feed with
 where the GPU idles and what the host threads wait on.
 
-Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR]  (default: the sample dataset)
+Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR] [--set handoff|executor]
+[--inductor-options coordinate_descent_tuning] [--maxpool] [--no-trace] [--jsonl FILE]
+(default data: the sample dataset). ``--set handoff`` (the default) compares DALI's prefetch
+depth and how a batch reaches the step; ``executor`` the third session's executor settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 
@@ -19,7 +22,7 @@ from common import loader_args  # bench/common.py: the script's folder is on sys
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from fasttrain.config import OptimConfig, cache_dir
+from fasttrain.config import OptimConfig, cache_dir, inductor_options
 from fasttrain.data.dali import DaliLoader
 from fasttrain.data.folder import scan_folder
 from fasttrain.data.sample import build_sample
@@ -54,15 +57,34 @@ class Fixed:
             yield self.x, self.y
 
 
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", nargs="?", help="dataset root (default: the sample dataset)")
+    p.add_argument("--set", choices=("handoff", "executor"), default="handoff")
+    p.add_argument(
+        "--inductor-options",
+        default="",
+        help="as the trainer's --inductor-options, e.g. coordinate_descent_tuning (what "
+        "--compile-mode auto adds on a GPU)",
+    )
+    p.add_argument("--maxpool", action="store_true", help="the Triton max-pool in the stem")
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs per variant")
+    p.add_argument("--no-trace", action="store_true", help="skip the profiled traces at the end")
+    p.add_argument("--jsonl", help="append each variant's img/s to this file")
+    return p.parse_args()
+
+
 def main() -> None:
+    args = parse()
     claim_hardware_queues()  # as the trainer does (CUDA_DEVICE_MAX_CONNECTIONS), unless set
-    root = sys.argv[1] if len(sys.argv) > 1 else build_sample(cache_dir())
+    root = args.data or build_sample(cache_dir())
     samples = scan_folder(root).train
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
-    model = build_model("resnet50", 10, True, dev)
+    model = build_model("resnet50", 10, True, dev, triton_maxpool=args.maxpool)
     cfg = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     schedule = build_schedule(cfg, BATCH, 39, 100)
+    options = inductor_options(args.inductor_options)
     step = build_step(
         model=model,
         optimizer=build_optimizer(model, cfg, schedule.lr_at(0)),
@@ -71,6 +93,7 @@ def main() -> None:
         scaler=None,
         schedule=schedule,
         compile=True,
+        compile_options=options or None,
         cuda_graphs=True,
     )
     meter = DeviceMeter(dev)
@@ -87,7 +110,7 @@ def main() -> None:
 
     side = torch.cuda.Stream(dev)  # a non-default stream: no implicit sync with blocking streams
 
-    def rate(loader, epochs: int = 3, stream: torch.cuda.Stream | None = None) -> float:
+    def rate(loader, epochs: int = args.epochs, stream: torch.cuda.Stream | None = None) -> float:
         with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
             epoch(loader, 0)
             torch.cuda.synchronize()
@@ -97,28 +120,41 @@ def main() -> None:
         return images / (time.perf_counter() - t)
 
     def dali(**kw) -> DaliLoader:
-        args: dict = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
-        args.update(kw)
-        return DaliLoader(samples, local_rank=0, **loader_args(BATCH, SIZE, dev), **args)
+        a: dict = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
+        a.update(kw)
+        return DaliLoader(samples, local_rank=0, **loader_args(BATCH, SIZE, dev), **a)
 
     t0 = time.perf_counter()
     rate(Fixed(10), epochs=1)  # compile, warm-up and capture
     print(f"compile + capture: {time.perf_counter() - t0:.0f} s", flush=True)
 
     per_epoch = len(samples) // BATCH
-    variants = {  # name: (loader, training stream)
-        "synthetic (fp16, one buffer)": (lambda: Fixed(per_epoch), None),
-        "synthetic, side stream": (lambda: Fixed(per_epoch), side),
-        "dali, hw 0.99, 8 threads": (lambda: dali(), None),
-        "dali, hw 0.99, 8 threads, side stream": (lambda: dali(), side),
-        "dali, hw 0.65, 16 threads": (lambda: dali(hw_decoder_load=0.65, threads=16), None),
-        "dali, hw 0.65, 16 threads, side stream": (
-            lambda: dali(hw_decoder_load=0.65, threads=16),
-            side,
-        ),
-        "dali, hw 0.3, 16 threads": (lambda: dali(hw_decoder_load=0.3, threads=16), None),
-        "dali, 2 pipelines, side stream": (lambda: dali(pipelines=2), side),
-    }
+    synthetic = (lambda: Fixed(per_epoch), None)
+    if args.set == "handoff":  # fasttrain's default first, synthetic at both ends for drift
+        variants = {  # name: (loader, training stream)
+            "synthetic (fp16, one buffer)": synthetic,
+            "dali, prefetch 2, host hand-off (default)": (lambda: dali(), None),
+            "dali, prefetch 3": (lambda: dali(prefetch=3), None),
+            "dali, prefetch 4": (lambda: dali(prefetch=4), None),
+            "dali, stream hand-off": (lambda: dali(handoff="stream"), None),
+            "dali, stream hand-off, prefetch 4": (lambda: dali(handoff="stream", prefetch=4), None),
+            "dali, prefetch 2, host hand-off, again": (lambda: dali(), None),
+            "synthetic, again": synthetic,
+        }
+    else:
+        variants = {
+            "synthetic (fp16, one buffer)": synthetic,
+            "synthetic, side stream": (lambda: Fixed(per_epoch), side),
+            "dali, hw 0.99, 8 threads": (lambda: dali(), None),
+            "dali, hw 0.99, 8 threads, side stream": (lambda: dali(), side),
+            "dali, hw 0.65, 16 threads": (lambda: dali(hw_decoder_load=0.65, threads=16), None),
+            "dali, hw 0.65, 16 threads, side stream": (
+                lambda: dali(hw_decoder_load=0.65, threads=16),
+                side,
+            ),
+            "dali, hw 0.3, 16 threads": (lambda: dali(hw_decoder_load=0.3, threads=16), None),
+            "dali, 2 pipelines, side stream": (lambda: dali(pipelines=2), side),
+        }
     results = {}
     for name, (make, stream) in variants.items():
         try:
@@ -160,14 +196,26 @@ def main() -> None:
         print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
     del loader
 
-    base = results["synthetic (fp16, one buffer)"]
-    print("\n| feed | img/s | vs synthetic |\n|---|---:|---:|")
+    synth = [r for name, r in results.items() if name.startswith("synthetic")]
+    base = sum(synth) / len(synth)  # the mean where synthetic ran at both ends
+    print(f"\n| feed | img/s | vs synthetic ({base:,.0f}) |\n|---|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r:,.0f} | {100 * (r / base - 1):+.1f}% |")
+    if args.jsonl:
+        with open(args.jsonl, "a") as f:
+            for name, r in results.items():
+                f.write(json.dumps({"feed": name, "img_s": r, "vs_synthetic": r / base - 1}) + "\n")
+    if args.no_trace:
+        return
 
     # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
     # threads wait on
-    for name, loader, stream in (("dali", dali(), None), ("dali-side", dali(), side)):
+    traced = (
+        (("dali", dali(), None), ("dali-stream", dali(handoff="stream"), None))
+        if args.set == "handoff"
+        else (("dali", dali(), None), ("dali-side", dali(), side))
+    )
+    for name, loader, stream in traced:
         with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
             epoch(loader, 0)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -30,6 +30,19 @@
 #      synthetic data, at the same time, twice: first with inductor's caches cold, then warm.
 #      Gives the DALI cost side by side, end to end against 7,000 img/s, and the cold/warm
 #      start-up ratio of one unchanged command (issue 4 asks for 3x).
+#   k (superseded by m, which adds the loader settings below; not run)
+#   m0, m1, m2 (sixth session, a two-GPU machine): where DALI's remaining cost goes. The fifth
+#      session's DALI run spent 1.6 ms per step with its GPU outside the step (synthetic data:
+#      0.4): batches arriving late. Deeper prefetch (--dali-prefetch) gives DALI's decode more
+#      slack; the stream hand-off (--dali-handoff stream) launches each step without waiting
+#      for its batch on the host. m0, with the first stash call (no DALI): builds the 20,000-
+#      image set; GPU0 the GPU tests; GPU1 the defaults on synthetic data, inductor's caches
+#      cold. m1, after the last stash call: GPU0 the defaults with DALI cold, then warm (the
+#      start-up ratio of one unchanged command), then prefetch 4, stream + prefetch 4, and the
+#      default again, interleaved; GPU1 the synthetic run warm, then bench/dali_e2e.py's
+#      hand-off set in one process. m2: the DALI GPU tests, then per-GPU scaling with DALI
+#      (`default` compile mode, whose DDP compile fits in a call) with the settings in $WIN
+#      against the defaults, 1 GPU and DDP on 2, interleaved.
 #   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
 #      max-autotune in one process, and read the autotune log for the conv and matmul choices):
 #      what max-autotune's conv and matmul choices each buy (issue 4), the step
@@ -38,7 +51,7 @@
 #      matmuls, so they are tuned too), GPU1 conv autotuning only (matmuls left to aten); then
 #      `default` with no options on each GPU for the side-by-side. h waits and prints.
 set -uo pipefail
-part=${1:?a to h}
+part=${1:?a to m2}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
@@ -54,6 +67,17 @@ if [ "$part" = i ]; then  # before DALI has arrived: no device_env.sh
     python bench/report.py $b/maxpool.json > $b/maxpool.md 2>&1
     python bench/step_variants.py --batch 256 --kinds compiled+graph --mode default --kernels none maxpool > $b/variants-maxpool.txt 2>&1
     wait; touch $b/DONE1' > /dev/null 2>&1 < /dev/null &
+  sleep 2; exit 0
+fi
+if [ "$part" = m0 ]; then  # with the first stash call: DALI is not there yet
+  NO_DALI=1 source bench/device_env.sh
+  same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
+  rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
+  setsid nohup bash -c '
+    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1; touch $b/TESTS) &
+    run_on m-synth-cold 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "$@"
+    touch $b/SYNTH; wait' _ "${same[@]}" > /dev/null 2>&1 < /dev/null &
   sleep 2; exit 0
 fi
 source bench/device_env.sh
@@ -146,6 +170,36 @@ elif [ "$part" = k ]; then
   done
   grep -h "first step done\|done:" $b/runs-k-*.txt | cut -c1-200
   python bench/epoch_rates.py /tmp/runs/k-*/ | tee $b/epoch_rates.jsonl
+elif [ "$part" = m1 ]; then
+  same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done
+  setsid nohup bash -c '
+    run_on m-dali-cold 0 "$@"; run_on m-dali-warm 0 "$@"
+    run_on m-dali-p4 0 "$@" --dali-prefetch 4
+    run_on m-dali-stream-p4 0 "$@" --dali-handoff stream --dali-prefetch 4
+    [ $SECONDS -lt 440 ] && run_on m-dali-again 0 "$@"
+    [ $SECONDS -lt 500 ] && run_on m-dali-p4-again 0 "$@" --dali-prefetch 4
+    touch $b/DONE0' _ --data $big "${same[@]}" > /dev/null 2>&1 < /dev/null &
+  while [ ! -e $b/SYNTH ] && [ $SECONDS -lt 300 ]; do sleep 2; done
+  run_on m-synth-warm 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "${same[@]}"
+  CUDA_VISIBLE_DEVICES=1 timeout $((570 - SECONDS)) python bench/dali_e2e.py $big --maxpool \
+    --no-trace --jsonl $b/dali_e2e.jsonl > $b/dali_e2e.txt 2>&1
+  while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 575 ]; do sleep 3; done
+  tail -3 $b/tests.txt; grep "^|" $b/dali_e2e.txt
+  grep -h "first step done\|DALI loader" $b/runs-m-*.txt | cut -c1-200
+  python bench/epoch_rates.py /tmp/runs/m-*/ | tee $b/epoch_rates.jsonl
+elif [ "$part" = m2 ]; then
+  same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
+  read -ra win <<< "${WIN:?the loader flags m1 found best}"
+  CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1 &
+  run_on m2-1gpu-win 1 "${same[@]}" "${win[@]}"
+  wait; tail -3 $b/tests-dali.txt
+  run_on m2-ddp2-win 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
+  run_on m2-ddp2-default 0,1 "${same[@]}" --nproc-per-node 2
+  [ $SECONDS -lt 450 ] && run_on m2-ddp2-win-again 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
+  [ $SECONDS -lt 520 ] && run_on m2-1gpu-win-again 0 "${same[@]}" "${win[@]}"
+  grep -h "first step done\|DALI loader" $b/runs-m2-*.txt | cut -c1-200
+  python bench/epoch_rates.py /tmp/runs/m2-*/ | tee $b/epoch_rates-m2.jsonl
 elif [ "$part" = h ]; then
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt

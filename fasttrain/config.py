@@ -46,6 +46,8 @@ class DataConfig:
     dali_threads: int = 8
     dali_hw_decoder_load: float = 0.99
     dali_pipelines: int = 1
+    dali_prefetch: int = 2  # DALI's prefetch queue depth: batches decoded ahead of the step
+    dali_handoff: str = "host"  # host: launch the step once its batch is decoded; stream: at once
 
 
 @dataclass
@@ -222,6 +224,24 @@ OPTIONS: tuple[Option, ...] = (
         "turns batch by batch (for a host where one pipeline's CPU side cannot keep up). On an "
         "H200 2 measured 2%% slower than 1 end to end, so 1 is the default (BENCHMARKS.md)",
         minimum=1,
+    ),
+    Option(
+        "--dali-prefetch",
+        "data.dali_prefetch",
+        int,
+        "with --loader dali: batches each train pipeline decodes ahead of the step (DALI's "
+        "prefetch_queue_depth); deeper absorbs decode time that varies from batch to batch, "
+        "at about 0.2 GiB of GPU memory per batch of 256",
+        minimum=1,
+    ),
+    Option(
+        "--dali-handoff",
+        "data.dali_handoff",
+        str,
+        "with --loader dali on a GPU: host launches each step once its batch is decoded; stream "
+        "launches it at once, ordered after the decode on the GPU, so the host never waits "
+        "for the GPU",
+        choices=("host", "stream"),
     ),
     Option(
         "--dali-hw-decoder-load",

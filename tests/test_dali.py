@@ -11,7 +11,16 @@ from fasttrain.data.dali import DaliLoader
 
 
 def loader(
-    samples, *, train=True, rank=0, world=1, seed=0, batch_size=16, channels_last=True, **kw
+    samples,
+    *,
+    train=True,
+    rank=0,
+    world=1,
+    seed=0,
+    batch_size=16,
+    channels_last=True,
+    device="cpu",
+    **kw,
 ) -> DaliLoader:
     return DaliLoader(
         samples,
@@ -24,7 +33,7 @@ def loader(
         rank=rank,
         world=world,
         local_rank=0,
-        device=torch.device("cpu"),
+        device=torch.device(device),
         channels_last=channels_last,
         **kw,
     )
@@ -136,6 +145,27 @@ def test_resume_continues_with_the_samples_not_yet_seen(
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "kw", [dict(handoff="stream"), dict(prefetch=4), dict(handoff="stream", prefetch=4)]
+)
+def test_gpu_hand_offs_and_prefetch_depths_give_the_same_batches(tiny_data, kw):
+    """On the GPU, a stream-ordered hand-off (no host wait) and a deeper prefetch yield the
+    batches the host-synchronous default does, in the same order; each batch is read at once on
+    the training stream, so one read before its decode finished would differ."""
+    samples = indexed(scan_folder(tiny_data).train)
+    gpu = dict(device="cuda", batch_size=32)
+    ref = epoch(loader(samples, **gpu)) + epoch(loader(samples, **gpu), 1)
+    ld = loader(samples, **gpu, **kw)
+    assert ld.handoff == kw.get("handoff", "host")
+    got = epoch(ld) + epoch(ld, 1)
+    assert len(got) == len(ref) == 2 * (192 // 32)
+    for (xa, ya), (xb, yb) in zip(ref, got, strict=True):
+        assert torch.equal(ya, yb)
+        assert (xa.float() - xb.float()).abs().max() < 0.05  # the same decode and crop
+
+
 def test_pipelines_taking_turns_split_the_shard_disjointly(tiny_data):
     """Three pipelines per rank on two ranks: six sub-shards that still cover the set once."""
     samples = indexed(scan_folder(tiny_data).train)  # 192 files: 32 per sub-shard, 2 batches
@@ -173,8 +203,8 @@ def test_a_one_pipeline_state_in_the_old_form_still_resumes(tiny_data):
     assert all(torch.equal(p, q) for p, q in zip(rest, resumed, strict=True))
 
 
-@pytest.mark.parametrize("pipelines", [1, 2])
-def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines):
+@pytest.mark.parametrize(("pipelines", "prefetch"), [(1, 2), (2, 3)])
+def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines, prefetch):
     common = [
         "--data",
         tiny_data,
@@ -185,6 +215,8 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines):
         "2",
         "--dali-pipelines",
         str(pipelines),
+        "--dali-prefetch",
+        str(prefetch),
         "--epochs",
         "2",
         "--accum-steps",
@@ -197,7 +229,10 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines):
     assert_exact_resume(run, common, tmp_path, steps=12)
     log = (tmp_path / "whole" / "log-rank0.txt").read_text()
     plural = "s" if pipelines > 1 else ""
-    assert f"DALI loader (CPU decode, 2 threads, {pipelines} train pipeline{plural})" in log
+    assert (
+        f"DALI loader (CPU decode, 2 threads, {pipelines} train pipeline{plural}, "
+        f"{prefetch} batches ahead, host hand-off)" in log
+    )
     assert run.records(tmp_path / "whole", "val")[-1]["images"] == 100
 
 

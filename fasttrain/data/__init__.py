@@ -112,6 +112,8 @@ def build_data(
         dali = dict(
             threads=cfg.dali_threads,
             hw_decoder_load=cfg.dali_hw_decoder_load,
+            prefetch=cfg.dali_prefetch,
+            handoff=cfg.dali_handoff,
             local_rank=dist.local_rank,
             **common,
         )
@@ -127,7 +129,8 @@ def build_data(
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
             f"{cfg.dali_threads} threads, {cfg.dali_pipelines} train pipeline"
-            f"{'s' if cfg.dali_pipelines > 1 else ''})"
+            f"{'s' if cfg.dali_pipelines > 1 else ''}, {cfg.dali_prefetch} batches ahead, "
+            f"{train.handoff} hand-off)"
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
