@@ -70,6 +70,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--maxpool", action="store_true", help="the Triton max-pool in the stem")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per variant")
     p.add_argument("--no-trace", action="store_true", help="skip the profiled traces at the end")
+    p.add_argument("--only-trace", action="store_true", help="only the traces, no timed variants")
     p.add_argument("--jsonl", help="append each variant's img/s to this file")
     return p.parse_args()
 
@@ -156,6 +157,8 @@ def main() -> None:
             "dali, 2 pipelines, side stream": (lambda: dali(pipelines=2), side),
         }
     results = {}
+    if args.only_trace:
+        variants = {}
     for name, (make, stream) in variants.items():
         try:
             loader = make()
@@ -166,9 +169,39 @@ def main() -> None:
         print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
         del loader
 
-    # the two halves apart: DALI alone, and DALI pulled while the step trains on synthetic data
-    # (the same GPU load, without the data dependency)
-    loader, fixed = dali(), Fixed(per_epoch)
+    if not args.only_trace:
+        alone_and_pulled(results, dali(), Fixed(per_epoch), step, meter, n)
+        report(results, args.jsonl)
+    if args.no_trace:
+        return
+
+    # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
+    # threads wait on
+    traced = (
+        (("dali-prefetch2", dali(), None), ("dali-prefetch4", dali(prefetch=4), None))
+        if args.set == "handoff"
+        else (("dali", dali(), None), ("dali-side", dali(), side))
+    )
+    for name, loader, stream in traced:
+        with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
+            epoch(loader, 0)
+            loader.set_epoch(1)
+            batches = iter(loader)
+            for _ in range(10):  # past the epoch's start: the trace is of steady steps
+                step([next(batches)], meter, n[0])
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(12):
+                    step([next(batches)], meter, n[0])
+                torch.cuda.synchronize()
+        path = f"{TRACE_DIR}/{name}.json"
+        prof.export_chrome_trace(path)
+        print(f"\n== {name}: {path}")
+        summarize(path, steps=12)
+
+
+def alone_and_pulled(results: dict, loader, fixed, step, meter, n: list[int]) -> None:
+    """The two halves apart: DALI alone, and DALI pulled while the step trains on synthetic
+    data (the same GPU load, without the data dependency)."""
 
     def alone(e: int) -> int:
         loader.set_epoch(e)
@@ -194,41 +227,19 @@ def main() -> None:
         torch.cuda.synchronize()
         results[name] = images / (time.perf_counter() - t)
         print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
-    del loader
 
+
+def report(results: dict[str, float], jsonl: str | None) -> None:
+    """The table against synthetic data (the mean where it ran at both ends)."""
     synth = [r for name, r in results.items() if name.startswith("synthetic")]
-    base = sum(synth) / len(synth)  # the mean where synthetic ran at both ends
+    base = sum(synth) / len(synth)
     print(f"\n| feed | img/s | vs synthetic ({base:,.0f}) |\n|---|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r:,.0f} | {100 * (r / base - 1):+.1f}% |")
-    if args.jsonl:
-        with open(args.jsonl, "a") as f:
+    if jsonl:
+        with open(jsonl, "a") as f:
             for name, r in results.items():
                 f.write(json.dumps({"feed": name, "img_s": r, "vs_synthetic": r / base - 1}) + "\n")
-    if args.no_trace:
-        return
-
-    # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
-    # threads wait on
-    traced = (
-        (("dali", dali(), None), ("dali-stream", dali(handoff="stream"), None))
-        if args.set == "handoff"
-        else (("dali", dali(), None), ("dali-side", dali(), side))
-    )
-    for name, loader, stream in traced:
-        with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
-            epoch(loader, 0)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                loader.set_epoch(1)
-                for i, (x, y) in enumerate(loader):
-                    if i == 12:
-                        break
-                    step([(x, y)], meter, n[0])
-                torch.cuda.synchronize()
-        path = f"{TRACE_DIR}/{name}.json"
-        prof.export_chrome_trace(path)
-        print(f"\n== {name}: {path}")
-        summarize(path, steps=12)
 
 
 def summarize(path: str, steps: int) -> None:

@@ -191,9 +191,11 @@ elif [ "$part" = m1 ]; then
 elif [ "$part" = m2 ]; then
   same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
   read -ra win <<< "${WIN:?the loader flags m1 found best}"
-  CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1 &
+  python -c "import inspect, torch._inductor.runtime.triton_heuristics as t; s = inspect.getsource(t); i = s.find('def recheck_autotune_cache'); print(s[i:i+1800])" > $b/recheck.txt 2>&1
+  (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
+   CUDA_VISIBLE_DEVICES=0 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1) &
   run_on m2-1gpu-win 1 "${same[@]}" "${win[@]}"
-  wait; tail -3 $b/tests-dali.txt
+  wait; tail -3 $b/tests-dali.txt; tail -50 $b/dali_trace.txt | cut -c1-160
   run_on m2-ddp2-win 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
   run_on m2-ddp2-default 0,1 "${same[@]}" --nproc-per-node 2
   [ $SECONDS -lt 450 ] && run_on m2-ddp2-win-again 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
