@@ -40,9 +40,12 @@
 #      cold. m1, after the last stash call: GPU0 the defaults with DALI cold, then warm (the
 #      start-up ratio of one unchanged command), then prefetch 4, stream + prefetch 4, and the
 #      default again, interleaved; GPU1 the synthetic run warm, then bench/dali_e2e.py's
-#      hand-off set in one process. m2: the DALI GPU tests, then per-GPU scaling with DALI
-#      (`default` compile mode, whose DDP compile fits in a call) with the settings in $WIN
-#      against the defaults, 1 GPU and DDP on 2, interleaved.
+#      hand-off set in one process. m2 (a fresh machine: the stash again, and the 20,000-image
+#      set built during it): GPU1 the defaults on synthetic data cold, then warm (torch 2.11's
+#      warm starts re-ran coordinate-descent tuning; fasttrain.torch_fixes), while GPU0 runs the
+#      DALI GPU tests, a trace of prefetch 2 against 4, and 1-GPU DALI runs; then per-GPU
+#      scaling with DALI (`default` compile mode, whose DDP compile fits in a call) with the
+#      settings in $WIN against the defaults.
 #   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
 #      max-autotune in one process, and read the autotune log for the conv and matmul choices):
 #      what max-autotune's conv and matmul choices each buy (issue 4), the step
@@ -190,16 +193,22 @@ elif [ "$part" = m1 ]; then
   python bench/epoch_rates.py /tmp/runs/m-*/ | tee $b/epoch_rates.jsonl
 elif [ "$part" = m2 ]; then
   same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
+  auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
   read -ra win <<< "${WIN:?the loader flags m1 found best}"
-  python -c "import inspect, torch._inductor.runtime.triton_heuristics as t; s = inspect.getsource(t); i = s.find('def recheck_autotune_cache'); print(s[i:i+1800])" > $b/recheck.txt 2>&1
-  (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
-   CUDA_VISIBLE_DEVICES=0 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1) &
-  run_on m2-1gpu-win 1 "${same[@]}" "${win[@]}"
-  wait; tail -3 $b/tests-dali.txt; tail -50 $b/dali_trace.txt | cut -c1-160
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done
+  # GPU1: the defaults (coordinate-descent tuning) cold, then warm, with the warm-start fix
+  rm -rf /tmp/torchinductor_$(whoami)
+  setsid nohup bash -c 'run_on m2-synth-cold 1 "$@"; run_on m2-synth-warm 1 "$@"; touch $b/DONE1' _ \
+    --loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}" > /dev/null 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
+  CUDA_VISIBLE_DEVICES=0 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1
+  run_on m2-1gpu-win 0 "${same[@]}" "${win[@]}"
+  run_on m2-1gpu-default 0 "${same[@]}"
+  while [ ! -e $b/DONE1 ] && [ $SECONDS -lt 400 ]; do sleep 3; done
+  tail -3 $b/tests-dali.txt; tail -50 $b/dali_trace.txt | cut -c1-160
   run_on m2-ddp2-win 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
-  run_on m2-ddp2-default 0,1 "${same[@]}" --nproc-per-node 2
-  [ $SECONDS -lt 450 ] && run_on m2-ddp2-win-again 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
-  [ $SECONDS -lt 520 ] && run_on m2-1gpu-win-again 0 "${same[@]}" "${win[@]}"
+  [ $SECONDS -lt 480 ] && run_on m2-ddp2-default 0,1 "${same[@]}" --nproc-per-node 2
+  [ $SECONDS -lt 530 ] && run_on m2-ddp2-win-again 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
   grep -h "first step done\|DALI loader" $b/runs-m2-*.txt | cut -c1-200
   python bench/epoch_rates.py /tmp/runs/m2-*/ | tee $b/epoch_rates-m2.jsonl
 elif [ "$part" = h ]; then

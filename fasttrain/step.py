@@ -26,6 +26,7 @@ from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
 from fasttrain.optim import Schedule, set_lr
 from fasttrain.profiling import span
+from fasttrain.torch_fixes import keep_coordinate_descent_results
 
 log = logging.getLogger("fasttrain")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -117,6 +118,7 @@ class CompiledStep(EagerStep):
     def __init__(self, *args, compile_options: dict[str, Any] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.description = "compiled"
+        keep_coordinate_descent_results()  # torch 2.11's warm starts re-tune without it
         # dynamic=False: the train loader's shapes never change, so never trace a dynamic graph
         self.forward = torch.compile(self._forward, dynamic=False, **(compile_options or {}))
 

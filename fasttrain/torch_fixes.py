@@ -1,0 +1,61 @@
+"""Backports of upstream torch fixes that fasttrain's defaults depend on. Each is applied only where
+the installed torch still has the bug, judged from the code it runs, not from a version number."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+log = logging.getLogger("fasttrain")
+
+BUGGY_RECHECK = "len(configs) > 1"  # the guard pytorch/pytorch#172819 names
+
+
+def keep_coordinate_descent_results() -> bool:
+    """Make a warm start reuse coordinate-descent tuning instead of running it again.
+
+    pytorch/pytorch#172819 (torch 2.11, the GPU machine's): when inductor loads a Triton kernel
+    from its cache, it narrows the kernel to the cached best config but does not carry over the
+    mark that coordinate descent found it, and skips kernels with one config altogether; the
+    first call then tunes each kernel again. fasttrain's ``--compile-mode auto`` turns the
+    tuning on, so a warm start took 42-74 s instead of seconds (BENCHMARKS.md). This wraps
+    ``CachingAutotuner.recheck_autotune_cache`` to set the mark from the cache, as the fixed
+    torch does. Returns whether it was applied (False on a torch without the bug).
+    """
+    try:
+        from torch._inductor.runtime import triton_heuristics as th
+    except ImportError:  # a torch without inductor's Triton runtime: nothing to fix
+        return False
+    original = getattr(th.CachingAutotuner, "recheck_autotune_cache", None)
+    if original is None or getattr(original, "fasttrain_fix", False):
+        return False
+    try:
+        if BUGGY_RECHECK not in inspect.getsource(original):
+            return False
+    except (OSError, TypeError):
+        return False
+
+    def recheck_autotune_cache(self: Any, reload_kernel_from_src: Any) -> None:
+        configs = [result.config for result in self.compile_results]
+        original(self, reload_kernel_from_src)
+        cached, _, _ = th.check_autotune_cache(configs, self.filename, self.inductor_meta)
+        if len(cached) != 1 or not getattr(cached[0], "found_by_coordesc", False):
+            return
+        best = cached[0]
+        key = th.triton_config_to_hashable(best)
+        for result in self.compile_results:
+            if th.triton_config_to_hashable(result.config) == key:
+                result.config.found_by_coordesc = True
+                self.compile_results = [result]
+                return
+        # a kernel compiled with one config, for which coordinate descent found another: compile
+        # that one now, as the original does when there were several
+        if self.fn.fn is None:
+            self.fn = reload_kernel_from_src().fn
+        self.compile_results = [self._precompile_config(best)]
+
+    recheck_autotune_cache.fasttrain_fix = True  # type: ignore[attr-defined]
+    th.CachingAutotuner.recheck_autotune_cache = recheck_autotune_cache
+    log.debug("torch fix applied: warm starts keep coordinate-descent results (#172819)")
+    return True

@@ -1,0 +1,93 @@
+"""The backport of torch's warm-start fix for coordinate-descent tuning (pytorch/pytorch#172819),
+against a stand-in for torch 2.11's method: the test machine's torch already has the fix."""
+
+from types import SimpleNamespace
+
+import pytest
+
+th = pytest.importorskip("torch._inductor.runtime.triton_heuristics")
+triton = pytest.importorskip("triton")
+
+from fasttrain import torch_fixes  # noqa: E402
+
+
+def buggy_recheck(self, reload_kernel_from_src):
+    """torch 2.11's logic, cut down: narrows to the cached best config only when there were
+    several, and never carries over found_by_coordesc."""
+    configs = [result.config for result in self.compile_results]
+    cached, _, _ = th.check_autotune_cache(configs, self.filename, self.inductor_meta)
+    if len(cached) == 1 and len(configs) > 1:
+        key = th.triton_config_to_hashable(cached[0])
+        for result in self.compile_results:
+            if th.triton_config_to_hashable(result.config) == key:
+                self.compile_results = [result]
+                return
+
+
+def config(block: int, coordesc: bool | None = None) -> "triton.Config":
+    c = triton.Config({"XBLOCK": block}, num_warps=4)
+    if coordesc is not None:
+        c.found_by_coordesc = coordesc
+    return c
+
+
+@pytest.fixture
+def patched(monkeypatch):
+    """Install the stand-in and a cache that answers ``best``; then apply the fix."""
+    monkeypatch.setattr(th.CachingAutotuner, "recheck_autotune_cache", buggy_recheck)
+    cache = {}
+    monkeypatch.setattr(th, "check_autotune_cache", lambda *a, **k: (cache["best"], None, None))
+    assert torch_fixes.keep_coordinate_descent_results()
+    assert not torch_fixes.keep_coordinate_descent_results()  # once only
+    return cache
+
+
+def kernel(*blocks: int, compiled: list | None = None):
+    k = SimpleNamespace(
+        compile_results=[SimpleNamespace(config=config(b)) for b in blocks],
+        filename="k.py",
+        inductor_meta={},
+        fn=SimpleNamespace(fn=object()),
+    )
+    k._precompile_config = lambda c: (
+        (compiled.append(c) if compiled is not None else None) or (SimpleNamespace(config=c))
+    )
+    return k
+
+
+@pytest.mark.parametrize("blocks", [(64,), (32, 64, 128)], ids=["one-config", "several"])
+def test_a_cached_coordinate_descent_result_is_marked_found(patched, blocks):
+    patched["best"] = [config(64, coordesc=True)]
+    k = kernel(*blocks)
+    th.CachingAutotuner.recheck_autotune_cache(k, None)
+    assert [r.config.kwargs["XBLOCK"] for r in k.compile_results] == [64]
+    assert k.compile_results[0].config.found_by_coordesc is True  # run() then does not re-tune
+
+
+def test_a_tuned_config_the_kernel_was_not_compiled_with_is_compiled(patched):
+    patched["best"] = [config(256, coordesc=True)]
+    compiled = []
+    k = kernel(64, compiled=compiled)
+    th.CachingAutotuner.recheck_autotune_cache(k, None)
+    assert [c.kwargs["XBLOCK"] for c in compiled] == [256]
+    assert k.compile_results[0].config.kwargs["XBLOCK"] == 256
+
+
+@pytest.mark.parametrize("best", [[], [config(64, coordesc=False)]], ids=["miss", "not-tuned"])
+def test_without_a_tuned_cache_entry_the_original_decides(patched, best):
+    patched["best"] = best
+    k = kernel(32, 64)
+    before = list(k.compile_results)
+    th.CachingAutotuner.recheck_autotune_cache(k, None)
+    expected = before if not best else [before[1]]
+    assert k.compile_results == expected
+    assert not getattr(k.compile_results[0].config, "found_by_coordesc", False)
+
+
+def test_a_torch_with_the_fix_is_left_alone(monkeypatch):
+    def fixed(self, reload_kernel_from_src):
+        pass
+
+    monkeypatch.setattr(th.CachingAutotuner, "recheck_autotune_cache", fixed)
+    assert not torch_fixes.keep_coordinate_descent_results()
+    assert th.CachingAutotuner.recheck_autotune_cache is fixed
