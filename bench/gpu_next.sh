@@ -211,6 +211,18 @@ elif [ "$part" = m2 ]; then
   [ $SECONDS -lt 530 ] && run_on m2-ddp2-win-again 0,1 "${same[@]}" "${win[@]}" --nproc-per-node 2
   grep -h "first step done\|DALI loader" $b/runs-m2-*.txt | cut -c1-200
   python bench/epoch_rates.py /tmp/runs/m2-*/ | tee $b/epoch_rates-m2.jsonl
+elif [ "$part" = m3 ]; then  # the stash's first call built the 20,000-image set (setsid)
+  same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 150 ]; do sleep 2; done
+  CUDA_VISIBLE_DEVICES=0 python bench/dali_order_check.py > $b/order.txt 2>&1
+  run_on m3-1gpu-p4 0 "${same[@]}" --dali-prefetch 4
+  run_on m3-ddp2-p4 0,1 "${same[@]}" --dali-prefetch 4 --nproc-per-node 2
+  run_on m3-ddp2-p2 0,1 "${same[@]}" --nproc-per-node 2
+  [ $SECONDS -lt 440 ] && run_on m3-1gpu-p2 0 "${same[@]}"
+  [ $SECONDS -lt 500 ] && run_on m3-ddp2-p4-again 0,1 "${same[@]}" --dali-prefetch 4 --nproc-per-node 2
+  head -20 $b/order.txt | cut -c1-160; tail -3 $b/order.txt
+  grep -h "first step done" $b/runs-m3-*.txt | cut -c1-200
+  python bench/epoch_rates.py /tmp/runs/m3-*/ | tee $b/epoch_rates-m3.jsonl
 elif [ "$part" = h ]; then
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt
