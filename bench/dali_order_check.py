@@ -1,5 +1,7 @@
 """Do two GPU DALI loaders with the same seed yield the same labels, batch by batch? (A GPU test
-of the hand-offs compares them; this prints where they part.) Usage: python bench/dali_order_check.py"""
+of the hand-offs compares them; this prints where they part.)
+
+Usage: python bench/dali_order_check.py"""
 
 import tempfile
 
@@ -38,7 +40,7 @@ def labels(**kw):
 
 a, b = labels(), labels()
 print("host vs host, same seed:", a == b)
-for i, (x, y) in enumerate(zip(a, b)):
+for i, (x, y) in enumerate(zip(a, b, strict=True)):
     print(i, x, y)
 s = labels(handoff="stream")
 print("host vs stream:", a == s)
