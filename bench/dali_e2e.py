@@ -134,9 +134,9 @@ def main() -> None:
     if args.set == "handoff":  # fasttrain's default first, synthetic at both ends for drift
         variants = {  # name: (loader, training stream)
             "synthetic (fp16, one buffer)": synthetic,
-            "dali, prefetch 2, host hand-off (default)": (lambda: dali(), None),
+            "dali, prefetch 2 (DALI's default), host hand-off": (lambda: dali(), None),
             "dali, prefetch 3": (lambda: dali(prefetch=3), None),
-            "dali, prefetch 4": (lambda: dali(prefetch=4), None),
+            "dali, prefetch 4 (fasttrain's default)": (lambda: dali(prefetch=4), None),
             "dali, stream hand-off": (lambda: dali(handoff="stream"), None),
             "dali, stream hand-off, prefetch 4": (lambda: dali(handoff="stream", prefetch=4), None),
             "dali, prefetch 2, host hand-off, again": (lambda: dali(), None),

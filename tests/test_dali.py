@@ -148,15 +148,18 @@ def test_resume_continues_with_the_samples_not_yet_seen(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
-    "kw", [dict(handoff="stream"), dict(prefetch=4), dict(handoff="stream", prefetch=4)]
+    "kw",
+    [dict(handoff="stream", prefetch=2), dict(prefetch=4), dict(handoff="stream", prefetch=4)],
 )
 def test_gpu_hand_offs_and_prefetch_depths_give_the_same_batches(tiny_data, kw):
     """On the GPU, a stream-ordered hand-off (no host wait) and a deeper prefetch yield the
-    batches the host-synchronous default does, in the same order; each batch is read at once on
-    the training stream, so one read before its decode finished would differ."""
+    batches that the host-synchronous hand-off at DALI's own depth (2) does, in the same order,
+    over two epochs; each batch is read at once on the training stream, so a batch read before
+    its decode finished would differ."""
     samples = indexed(scan_folder(tiny_data).train)
     gpu = dict(device="cuda", batch_size=32)
-    ref = epoch(loader(samples, **gpu)) + epoch(loader(samples, **gpu), 1)
+    base = loader(samples, **gpu, prefetch=2, handoff="host")
+    ref = epoch(base) + epoch(base, 1)
     ld = loader(samples, **gpu, **kw)
     assert ld.handoff == kw.get("handoff", "host")
     got = epoch(ld) + epoch(ld, 1)

@@ -171,7 +171,7 @@ class DaliLoader:
         channels_last: bool,
         buffers: int = 1,
         state: dict[str, Any] | None = None,
-        prefetch: int | dict[str, int] = 2,
+        prefetch: int | dict[str, int] = 4,
         handoff: str = "host",
         pipelines: int = 1,
         pipeline_kw: dict[str, Any] | None = None,
