@@ -6,6 +6,7 @@ Usage: python bench/dali_order_check.py"""
 import tempfile
 
 import torch
+from common import loader_args  # bench/common.py: the script's folder is on sys.path
 
 from fasttrain.data.dali import DaliLoader
 from fasttrain.data.folder import scan_folder
@@ -16,21 +17,8 @@ samples = [(p, i) for i, (p, _) in enumerate(scan_folder(root).train)]
 
 
 def labels(**kw):
-    ld = DaliLoader(
-        samples,
-        train=True,
-        image_size=32,
-        batch_size=32,
-        threads=2,
-        hw_decoder_load=0.99,
-        seed=0,
-        rank=0,
-        world=1,
-        local_rank=0,
-        device=torch.device("cuda"),
-        channels_last=True,
-        **kw,
-    )
+    args = loader_args(32, 32, torch.device("cuda"))
+    ld = DaliLoader(samples, threads=2, hw_decoder_load=0.99, local_rank=0, **args, **kw)
     out = []
     for e in (0, 1):
         ld.set_epoch(e)
@@ -38,10 +26,10 @@ def labels(**kw):
     return out
 
 
-a, b = labels(), labels()
+a, b = labels(prefetch=2), labels(prefetch=2)  # DALI's own depth, host hand-off
 print("host vs host, same seed:", a == b)
 for i, (x, y) in enumerate(zip(a, b, strict=True)):
     print(i, x, y)
-s = labels(handoff="stream")
+s = labels(handoff="stream", prefetch=2)
 print("host vs stream:", a == s)
 print("host vs prefetch 4:", a == labels(prefetch=4))

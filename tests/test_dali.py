@@ -67,6 +67,12 @@ def test_batches_are_fp16_channels_last_views_of_fixed_buffers(tiny_data):
     )
 
 
+def test_prefetch_depth_reaches_every_train_pipeline(tiny_data):
+    ld = loader(scan_folder(tiny_data).train, pipelines=2, prefetch=3)
+    assert [pipe.prefetch_queue_depth for pipe in ld.pipes] == [3, 3]
+    assert loader(scan_folder(tiny_data).train).pipes[0].prefetch_queue_depth == 4  # default
+
+
 def test_accumulation_gets_one_buffer_per_micro_batch(tiny_data):
     ld = loader(scan_folder(tiny_data).train, buffers=2)
     ld.set_epoch(0)
