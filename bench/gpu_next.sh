@@ -46,6 +46,14 @@
 #      DALI GPU tests, a trace of prefetch 2 against 4, and 1-GPU DALI runs; then per-GPU
 #      scaling with DALI (`default` compile mode, whose DDP compile fits in a call) with the
 #      settings in $WIN against the defaults.
+#   n1, n2, n3 (not yet run; the next visit, a two-GPU machine): n1 with the first stash call
+#      (no DALI): builds the 20,000-image set; GPU0 the GPU tests; GPU1 the defaults on synthetic
+#      data, cold. n2 after the last stash call: GPU0 the defaults with DALI cold (the warm-start
+#      fix's ratio for the DALI command), while GPU1 runs the DALI GPU tests and the trace of
+#      prefetch 2 against 4; then DALI and synthetic data warm side by side, and again with the
+#      GPUs swapped, twice (DALI's cost with equal load on both GPUs). n3: per-GPU scaling with
+#      DALI (`default` compile mode), DDP interleaved with 1-GPU runs, and DDP with NCCL held to
+#      8 channels (NCCL_MAX_NCHANNELS=8: fewer SMs taken from the backward by the all-reduce).
 #   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
 #      max-autotune in one process, and read the autotune log for the conv and matmul choices):
 #      what max-autotune's conv and matmul choices each buy (issue 4), the step
@@ -54,7 +62,7 @@
 #      matmuls, so they are tuned too), GPU1 conv autotuning only (matmuls left to aten); then
 #      `default` with no options on each GPU for the side-by-side. h waits and prints.
 set -uo pipefail
-part=${1:?a to m2}
+part=${1:?a to n3}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
@@ -81,6 +89,17 @@ if [ "$part" = m0 ]; then  # with the first stash call: DALI is not there yet
     (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1; touch $b/TESTS) &
     run_on m-synth-cold 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "$@"
     touch $b/SYNTH; wait' _ "${same[@]}" > /dev/null 2>&1 < /dev/null &
+  sleep 2; exit 0
+fi
+if [ "$part" = n1 ]; then  # with the first stash call: DALI is not there yet
+  NO_DALI=1 source bench/device_env.sh
+  rm -rf /tmp/torchinductor_$(whoami)
+  setsid nohup bash -c '
+    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1; touch $b/TESTS) &
+    run_on n-synth-cold 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "$@"
+    touch $b/SYNTH; wait' _ --config configs/sample.yaml --compile --cuda-graphs --epochs 8 \
+    --eval-every 0 > /dev/null 2>&1 < /dev/null &
   sleep 2; exit 0
 fi
 source bench/device_env.sh
@@ -223,6 +242,35 @@ elif [ "$part" = m3 ]; then  # the stash's first call built the 20,000-image set
   head -20 $b/order.txt | cut -c1-160; tail -3 $b/order.txt
   grep -h "first step done" $b/runs-m3-*.txt | cut -c1-200
   python bench/epoch_rates.py /tmp/runs/m3-*/ | tee $b/epoch_rates-m3.jsonl
+elif [ "$part" = n2 ]; then
+  same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
+  dali=(--data $big "${same[@]}")
+  syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${same[@]}")
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done
+  setsid nohup bash -c 'run_on n-dali-cold 0 "$@"; touch $b/DALI' _ "${dali[@]}" > /dev/null 2>&1 < /dev/null &
+  while [ ! -e $b/SYNTH ] && [ $SECONDS -lt 300 ]; do sleep 2; done
+  CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
+  CUDA_VISIBLE_DEVICES=1 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1
+  while [ ! -e $b/DALI ] && [ $SECONDS -lt 400 ]; do sleep 2; done
+  for r in 1 2; do  # side by side, then the GPUs swapped: DALI against synthetic, both warm
+    [ $SECONDS -lt 480 ] || break
+    run_on n-dali-warm-$r-gpu0 0 "${dali[@]}" & run_on n-synth-warm-$r-gpu1 1 "${syn[@]}"; wait
+    [ $SECONDS -lt 530 ] || break
+    run_on n-dali-warm-$r-gpu1 1 "${dali[@]}" & run_on n-synth-warm-$r-gpu0 0 "${syn[@]}"; wait
+  done
+  tail -3 $b/tests.txt $b/tests-dali.txt; tail -50 $b/dali_trace.txt | cut -c1-160
+  grep -h "first step done" $b/runs-n-*.txt | cut -c1-200
+  python bench/epoch_rates.py /tmp/runs/n-*/ | tee $b/epoch_rates-n2.jsonl
+elif [ "$part" = n3 ]; then
+  same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
+  run_on n3-1gpu 0 "${same[@]}"
+  for r in 1 2; do
+    [ $SECONDS -lt 420 ] && run_on n3-ddp2-$r 0,1 "${same[@]}" --nproc-per-node 2
+    [ $SECONDS -lt 470 ] && NCCL_MAX_NCHANNELS=8 run_on n3-ddp2-nch8-$r 0,1 "${same[@]}" --nproc-per-node 2
+    [ $SECONDS -lt 520 ] && run_on n3-1gpu-again-$r 1 "${same[@]}"
+  done
+  grep -h "first step done" $b/runs-n3-*.txt | cut -c1-200
+  python bench/epoch_rates.py /tmp/runs/n3-*/ | tee $b/epoch_rates-n3.jsonl
 elif [ "$part" = h ]; then
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt
