@@ -758,6 +758,14 @@ def resolve(
                 "DALI is not installed, so the torchvision loader decodes on the CPU; pip install "
                 '-e ".[dali]" (CUDA 12) or ".[dali-cu13]" (CUDA 13) decodes on the GPU'
             )
+    if d.dali_handoff == "stream" and (d.loader != "dali" or t.device != "cuda"):
+        d.dali_handoff = "host"  # recorded as what runs
+        if notes is not None:
+            notes.append(
+                "--dali-handoff stream orders DALI's batches on a CUDA stream; this run has "
+                f"{'no GPU' if t.device != 'cuda' else f'--loader {d.loader}'}, so it does "
+                "not apply"
+            )
     if d.path is not None:
         d.path = str(Path(d.path).expanduser())
         found = default_exclude_list(d.path)

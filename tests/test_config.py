@@ -213,6 +213,20 @@ def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot():
     assert resolve(cfg, True, dali_available=True).data.loader == "torchvision"  # explicit wins
 
 
+def test_stream_hand_off_applies_to_dali_on_a_gpu_and_says_when_it_does_not():
+    def handoff(cuda, *flags):
+        notes = []
+        cfg = parse_args(["--data", "/d", "--dali-handoff", "stream", *flags], cuda)[0]
+        resolve(cfg, cuda_available=cuda, dali_available=True, notes=notes)
+        return cfg.data.dali_handoff, notes
+
+    assert handoff(True) == ("stream", [])
+    for cuda, flags, why in ((False, (), "no GPU"), (True, ("--loader", "torchvision"), "torchv")):
+        value, notes = handoff(cuda, *flags)
+        assert value == "host"  # the saved config says what ran
+        assert len(notes) == 1 and "--dali-handoff stream" in notes[0] and why in notes[0]
+
+
 def test_hw_decoder_load_is_a_fraction(tmp_path):
     with pytest.raises(UserError, match="--dali-hw-decoder-load must be at most 1"):
         parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)
