@@ -25,6 +25,16 @@ TILE = (64, 64, 4)  # pixels, channels, warps: the fastest of bench/test_kernels
 
 
 @triton.jit
+def _tile(P_TOTAL, C, A, B, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile: BLOCK_P pixels (n, a, b) of an N x A x B grid, flat, by BLOCK_C
+    channels; their masks, and each pixel's n (int64, for the batch stride), a and b."""
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    n = (p // (A * B)).to(tl.int64)
+    return p, c, p < P_TOTAL, c < C, n, (p // B) % A, p % B
+
+
+@triton.jit
 def _pool_fwd(
     x_ptr, out_ptr, off_ptr,
     P_TOTAL, C, H, W, OH, OW,
@@ -32,13 +42,7 @@ def _pool_fwd(
     K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # output pixels, (n, oh, ow) flat
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    p_ok = p < P_TOTAL
-    c_ok = c < C
-    n = (p // (OH * OW)).to(tl.int64)
-    oh = (p // OW) % OH
-    ow = p % OW
+    p, c, p_ok, c_ok, n, oh, ow = _tile(P_TOTAL, C, OH, OW, BLOCK_P, BLOCK_C)  # output pixels
     best = tl.full((BLOCK_P, BLOCK_C), -float("inf"), tl.float32)
     # torch starts from the window's first in-bounds position, so an all -inf window points there
     first = tl.maximum(PAD - oh * S, 0) * K + tl.maximum(PAD - ow * S, 0)
@@ -73,13 +77,7 @@ def _pool_bwd(
     K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr, CAND: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # input pixels, (n, ih, iw) flat
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    p_ok = p < P_TOTAL
-    c_ok = c < C
-    n = (p // (H * W)).to(tl.int64)
-    ih = (p // W) % H
-    iw = p % W
+    _, c, p_ok, c_ok, n, ih, iw = _tile(P_TOTAL, C, H, W, BLOCK_P, BLOCK_C)  # input pixels
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     # the windows holding (ih, iw): oh from (ih + PAD) // S down, at most CAND of them per axis
     for dh in tl.static_range(CAND):
@@ -120,14 +118,24 @@ def _channels_last(x: torch.Tensor) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
+def _pool_outputs(
+    x: torch.Tensor, kernel: int, stride: int, padding: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's empty outputs: the pooled tensor in the input's layout, and the int8
+    argmax offsets (N, OH, OW, C)."""
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
+    out = _like(x, (n, c, oh, ow), _channels_last(x))
+    return out, x.new_empty((n, oh, ow, c), dtype=torch.int8)
+
+
 @torch.library.custom_op("fasttrain::max_pool2d", mutates_args=())
 def _pool(
     x: torch.Tensor, kernel: int, stride: int, padding: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n, c, h, w = x.shape
-    oh, ow = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
-    out = _like(x, (n, c, oh, ow), _channels_last(x))
-    offsets = x.new_empty((n, oh, ow, c), dtype=torch.int8)
+    out, offsets = _pool_outputs(x, kernel, stride, padding)
+    oh, ow = out.shape[2:]
     bp, bc, warps = TILE
     grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     _pool_fwd[grid](
@@ -139,10 +147,7 @@ def _pool(
 
 @_pool.register_fake
 def _(x, kernel, stride, padding):
-    n, c, h, w = x.shape
-    oh, ow = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
-    out = _like(x, (n, c, oh, ow), _channels_last(x))
-    return out, x.new_empty((n, oh, ow, c), dtype=torch.int8)
+    return _pool_outputs(x, kernel, stride, padding)
 
 
 @torch.library.custom_op("fasttrain::max_pool2d_backward", mutates_args=())
