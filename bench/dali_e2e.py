@@ -30,7 +30,7 @@ from fasttrain.distributed import claim_hardware_queues
 from fasttrain.metrics import DeviceMeter
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.step import build_step
+from fasttrain.step import build_step, compile_kwargs
 
 BATCH, SIZE = 256, 224
 TRACE_DIR = os.environ.get("TRACE_DIR", "/tmp/bench")
@@ -85,7 +85,6 @@ def main() -> None:
     model = build_model("resnet50", 10, True, dev, triton_maxpool=args.maxpool)
     cfg = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     schedule = build_schedule(cfg, BATCH, 39, 100)
-    options = inductor_options(args.inductor_options)
     step = build_step(
         model=model,
         optimizer=build_optimizer(model, cfg, schedule.lr_at(0)),
@@ -94,7 +93,7 @@ def main() -> None:
         scaler=None,
         schedule=schedule,
         compile=True,
-        compile_options=options or None,
+        compile_options=compile_kwargs("default", inductor_options(args.inductor_options)),
         cuda_graphs=True,
     )
     meter = DeviceMeter(dev)

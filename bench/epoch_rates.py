@@ -29,7 +29,7 @@ def rates(run_dir: Path) -> dict[str, float | int | None]:
         starts_epoch = prev is None or r["epoch"] != prev["epoch"]
         intervals.append((r["epoch"], images, images / r["img_per_s"], starts_epoch))
     # the steady intervals less the one that began each epoch
-    later = [iv for iv in intervals if intervals and iv[0] > intervals[0][0] and not iv[3]]
+    later = [iv for iv in intervals if iv[0] > intervals[0][0] and not iv[3]]
     seconds = sum(iv[2] for iv in later)
     return {
         "steady_img_per_s": steady_rate([iv[:3] for iv in intervals]),
