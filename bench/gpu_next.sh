@@ -66,12 +66,18 @@ part=${1:?a to n3}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+# build_big: that 20,000-image set (once per machine), its log in $b/sample.txt, then $b/SAMPLE
+build_big() {
+  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  touch $b/SAMPLE
+}
+export -f build_big
 if [ "$part" = i ]; then  # before DALI has arrived: no device_env.sh
   python -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip-install.log 2>&1 \
     || { cat /tmp/pip-install.log; exit 1; }
   export PYTHONUNBUFFERED=1 FASTTRAIN_CACHE=/tmp/fasttrain-cache b
   setsid nohup bash -c '
-    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    build_big &
     export CUDA_VISIBLE_DEVICES=1
     python -m pytest -q -rA -p no:cacheprovider tests/test_kernels.py tests/test_gpu.py -k maxpool > $b/tests-maxpool.txt 2>&1
     python -m pytest -q -p no:cacheprovider bench/test_kernels.py -k maxpool --benchmark-json $b/maxpool.json > $b/maxpool.txt 2>&1
@@ -85,7 +91,7 @@ if [ "$part" = m0 ]; then  # with the first stash call: DALI is not there yet
   same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
   rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
   setsid nohup bash -c '
-    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    build_big &
     (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1; touch $b/TESTS) &
     run_on m-synth-cold 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "$@"
     touch $b/SYNTH; wait' _ "${same[@]}" > /dev/null 2>&1 < /dev/null &
@@ -95,7 +101,7 @@ if [ "$part" = n1 ]; then  # with the first stash call: DALI is not there yet
   NO_DALI=1 source bench/device_env.sh
   rm -rf /tmp/torchinductor_$(whoami)
   setsid nohup bash -c '
-    (python -c "from fasttrain.data.sample import SampleSpec, build_sample as b; b(\"/tmp/fasttrain-cache\", SampleSpec(train_per_class=2000))" > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+    build_big &
     (CUDA_VISIBLE_DEVICES=0 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py > $b/tests.txt 2>&1; touch $b/TESTS) &
     run_on n-synth-cold 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "$@"
     touch $b/SYNTH; wait' _ --config configs/sample.yaml --compile --cuda-graphs --epochs 8 \
@@ -118,12 +124,11 @@ if [ "$part" = a ]; then
   unset CUDA_VISIBLE_DEVICES
   while [ ! -e $b/DONE0 ] && [ $SECONDS -lt 560 ]; do sleep 5; done
 elif [ "$part" = c ]; then
-  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
   dali=(--data $big --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
   (CUDA_VISIBLE_DEVICES=1 python -m pytest -q -p no:cacheprovider bench/test_kernels.py -k normalize \
      --benchmark-json $b/normalize.json > $b/normalize.txt 2>&1
    python bench/report.py $b/normalize.json > $b/normalize.md 2>&1) &
-  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  build_big
   echo "sample set built after $SECONDS s" >> $b/sample.txt
   run_on dali-1gpu 0 "${dali[@]}" --profile --profile-wait 100
   wait; cat $b/normalize.md
@@ -134,9 +139,8 @@ elif [ "$part" = c ]; then
   python bench/epoch_rates.py /tmp/runs/*/ | tee $b/epoch_rates.jsonl
   grep -h -A7 "step time breakdown" $b/runs-*.txt
 elif [ "$part" = d ]; then
-  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
   same=(--config configs/sample.yaml --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
-  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  build_big
   run_on d-dali-1gpu 0 --data $big "${same[@]}" &
   run_on d-synth-1gpu 1 --loader synthetic --synthetic-steps 78 --num-classes 10 "${same[@]}"
   wait
@@ -148,9 +152,8 @@ elif [ "$part" = e ]; then
   CUDA_VISIBLE_DEVICES=0 OUT=$b/suite bash bench/gpu_suite.sh > $b/suite.txt 2>&1
   wait; tail -3 $b/tests.txt; tail -30 $b/suite/bench.md
 elif [ "$part" = f ]; then
-  big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
   same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 5 --eval-every 0)
-  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  build_big
   run_on f-dali-1gpu 0 "${same[@]}"
   for round in 1 2; do
     [ $SECONDS -lt 420 ] && run_on f-ddp2-b100-$round 0,1 "${same[@]}" --nproc-per-node 2 --bucket-cap-mb 100
@@ -183,7 +186,7 @@ elif [ "$part" = j ]; then
   python bench/epoch_rates.py /tmp/runs/j-*/ | tee $b/epoch_rates.jsonl
 elif [ "$part" = k ]; then
   same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
-  python -c 'from fasttrain.data.sample import SampleSpec, build_sample as b; b("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1
+  build_big
   rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
   for start in cold warm; do
     run_on k-dali-$start 0 --data $big "${same[@]}" &
