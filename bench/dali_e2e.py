@@ -174,10 +174,14 @@ def main() -> None:
     if args.no_trace:
         return
 
-    # one trace per feed, 12 steps each, for the timeline: where the GPU idles, and what DALI's
-    # threads wait on
+    # one trace per feed, 12 steps each, for the timeline: where the GPU idles, what DALI's
+    # threads wait on, and (against synthetic data) how much GPU time DALI's own kernels take
     traced = (
-        (("dali-prefetch2", dali(), None), ("dali-prefetch4", dali(prefetch=4), None))
+        (
+            ("synthetic", Fixed(per_epoch), None),
+            ("dali-prefetch2", dali(), None),
+            ("dali-prefetch4", dali(prefetch=4), None),
+        )
         if args.set == "handoff"
         else (("dali", dali(), None), ("dali-side", dali(), side))
     )

@@ -46,14 +46,18 @@
 #      DALI GPU tests, a trace of prefetch 2 against 4, and 1-GPU DALI runs; then per-GPU
 #      scaling with DALI (`default` compile mode, whose DDP compile fits in a call) with the
 #      settings in $WIN against the defaults.
-#   n1, n2, n3 (not yet run; the next visit, a two-GPU machine): n1 with the first stash call
-#      (no DALI): builds the 20,000-image set; GPU0 the GPU tests; GPU1 the defaults on synthetic
-#      data, cold. n2 after the last stash call: GPU0 the defaults with DALI cold (the warm-start
-#      fix's ratio for the DALI command), while GPU1 runs the DALI GPU tests and the trace of
-#      prefetch 2 against 4; then DALI and synthetic data warm side by side, and again with the
-#      GPUs swapped, twice (DALI's cost with equal load on both GPUs). n3: per-GPU scaling with
-#      DALI (`default` compile mode), DDP interleaved with 1-GPU runs, and DDP with NCCL held to
-#      8 channels (NCCL_MAX_NCHANNELS=8: fewer SMs taken from the backward by the all-reduce).
+#   n1, q, qw (the seventh session, a two-GPU machine): n1 with the first stash call (no DALI):
+#      builds the 20,000-image set; GPU0 the GPU tests; GPU1 the defaults on synthetic data,
+#      inductor's caches cold. q after the last stash call starts qpipe in the background and
+#      reports as it goes; qw (the next calls, back to back) waits for it and reports; the last
+#      qw returns everything. qpipe: GPU0 the defaults with DALI, cold (the DALI command's
+#      start-up with the warm-start fix), while GPU1 runs the DALI GPU tests and traces of
+#      synthetic data, prefetch 2 and prefetch 4 (bench/dali_e2e.py --only-trace: DALI's own GPU
+#      time per step); then DALI against synthetic data warm, side by side, and again with the
+#      GPUs swapped, twice (DALI's cost with equal load on both GPUs); then per-GPU scaling with
+#      DALI (`default` compile mode): DDP between 1-GPU runs, plain, with --ddp-comm-hook bf16
+#      (half the all-reduce's bytes) and with NCCL_MAX_NCHANNELS=8 (fewer SMs taken from the
+#      backward), twice. QPIPE_LIMIT (default 1140 s) stops it starting runs after that long.
 #   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
 #      max-autotune in one process, and read the autotune log for the conv and matmul choices):
 #      what max-autotune's conv and matmul choices each buy (issue 4), the step
@@ -62,7 +66,7 @@
 #      matmuls, so they are tuned too), GPU1 conv autotuning only (matmuls left to aten); then
 #      `default` with no options on each GPU for the side-by-side. h waits and prints.
 set -uo pipefail
-part=${1:?a to n3}
+part=${1:?a to qw}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
@@ -72,6 +76,15 @@ build_big() {
   touch $b/SAMPLE
 }
 export -f build_big
+# finish: every run's summary line, then $b and each run's summary, log and breakdown to $OUT
+finish() {
+  cut -c1-400 $b/summaries.jsonl 2>/dev/null
+  tar -czf "$out/next-$part.tar.gz" --exclude='*.pt.trace.json' -C /tmp bench
+  for r in /tmp/runs/*/; do
+    n=$(basename $r); mkdir -p $out/runs/$n
+    cp $r/summary.json $r/log-rank0.txt $r/profile/breakdown-rank*.json $out/runs/$n/ 2>/dev/null
+  done
+}
 if [ "$part" = i ]; then  # before DALI has arrived: no device_env.sh
   python -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip-install.log 2>&1 \
     || { cat /tmp/pip-install.log; exit 1; }
@@ -107,6 +120,52 @@ if [ "$part" = n1 ]; then  # with the first stash call: DALI is not there yet
     touch $b/SYNTH; wait' _ --config configs/sample.yaml --compile --cuda-graphs --epochs 8 \
     --eval-every 0 > /dev/null 2>&1 < /dev/null &
   sleep 2; exit 0
+fi
+if [ "$part" = q ]; then  # after the last stash call: DALI is all there
+  source bench/device_env.sh
+  setsid nohup bash bench/gpu_next.sh qpipe > $b/qpipe.txt 2>&1 < /dev/null &
+  part=qw
+fi
+if [ "$part" = qw ]; then  # wait for qpipe (up to 540 s of this call), report, return what is there
+  while [ ! -e $b/QDONE ] && [ $SECONDS -lt 540 ]; do sleep 5; done
+  tail -3 $b/tests.txt $b/tests-dali.txt 2>/dev/null; cat $b/qpipe.txt
+  grep -h -A12 "^== " $b/dali_trace.txt 2>/dev/null | cut -c1-160
+  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt | cut -c1-220 | head -40
+  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-300 $b/epoch_rates.jsonl
+  [ -e $b/QDONE ] && echo "qpipe done" || echo "qpipe still running: call qw again"
+  finish; exit 0
+fi
+if [ "$part" = qpipe ]; then  # in the background, from q; $b/QDONE at the end
+  source bench/device_env.sh
+  limit=${QPIPE_LIMIT:-1140}
+  auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
+  dali=(--data $big "${auto[@]}")
+  syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")
+  dflt=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 300 ]; do sleep 2; done
+  echo "$SECONDS s: sample set there; GPU0 DALI cold"
+  run_on q-dali-cold 0 "${dali[@]}" &
+  while { [ ! -e $b/SYNTH ] || [ ! -e $b/TESTS ]; } && [ $SECONDS -lt 420 ]; do sleep 2; done
+  echo "$SECONDS s: GPU1 the DALI GPU tests, then the traces"
+  CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
+  CUDA_VISIBLE_DEVICES=1 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1
+  wait
+  for r in 1 2; do  # DALI against synthetic data, both warm, side by side, then the GPUs swapped
+    echo "$SECONDS s: round $r"
+    run_on q-dali-$r-gpu0 0 "${dali[@]}" & run_on q-synth-$r-gpu1 1 "${syn[@]}"; wait
+    run_on q-dali-$r-gpu1 1 "${dali[@]}" & run_on q-synth-$r-gpu0 0 "${syn[@]}"; wait
+  done
+  for r in 1 2; do  # per-GPU scaling, `default` mode
+    echo "$SECONDS s: scaling round $r"
+    [ $SECONDS -lt $limit ] && run_on q3-1gpu-$r $((r - 1)) "${dflt[@]}"
+    [ $SECONDS -lt $limit ] && run_on q3-ddp2-$r 0,1 "${dflt[@]}" --nproc-per-node 2
+    [ $SECONDS -lt $limit ] && run_on q3-ddp2-bf16-$r 0,1 "${dflt[@]}" --nproc-per-node 2 --ddp-comm-hook bf16
+    [ $SECONDS -lt $limit ] && NCCL_MAX_NCHANNELS=8 run_on q3-ddp2-nch8-$r 0,1 "${dflt[@]}" --nproc-per-node 2
+  done
+  [ $SECONDS -lt $limit ] && run_on q3-1gpu-3 0 "${dflt[@]}"
+  echo "$SECONDS s: done"
+  touch $b/QDONE
+  exit 0
 fi
 source bench/device_env.sh
 synth=(--loader synthetic --synthetic-steps 40 --num-classes 10 --eval-every 0 --config configs/sample.yaml)
@@ -245,35 +304,6 @@ elif [ "$part" = m3 ]; then  # the stash's first call built the 20,000-image set
   head -20 $b/order.txt | cut -c1-160; tail -3 $b/order.txt
   grep -h "first step done" $b/runs-m3-*.txt | cut -c1-200
   python bench/epoch_rates.py /tmp/runs/m3-*/ | tee $b/epoch_rates-m3.jsonl
-elif [ "$part" = n2 ]; then
-  same=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
-  dali=(--data $big "${same[@]}")
-  syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${same[@]}")
-  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done
-  setsid nohup bash -c 'run_on n-dali-cold 0 "$@"; touch $b/DALI' _ "${dali[@]}" > /dev/null 2>&1 < /dev/null &
-  while [ ! -e $b/SYNTH ] && [ $SECONDS -lt 300 ]; do sleep 2; done
-  CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_dali.py -m gpu > $b/tests-dali.txt 2>&1
-  CUDA_VISIBLE_DEVICES=1 TRACE_DIR=/tmp python bench/dali_e2e.py $big --maxpool --only-trace > $b/dali_trace.txt 2>&1
-  while [ ! -e $b/DALI ] && [ $SECONDS -lt 400 ]; do sleep 2; done
-  for r in 1 2; do  # side by side, then the GPUs swapped: DALI against synthetic, both warm
-    [ $SECONDS -lt 480 ] || break
-    run_on n-dali-warm-$r-gpu0 0 "${dali[@]}" & run_on n-synth-warm-$r-gpu1 1 "${syn[@]}"; wait
-    [ $SECONDS -lt 530 ] || break
-    run_on n-dali-warm-$r-gpu1 1 "${dali[@]}" & run_on n-synth-warm-$r-gpu0 0 "${syn[@]}"; wait
-  done
-  tail -3 $b/tests.txt $b/tests-dali.txt; tail -50 $b/dali_trace.txt | cut -c1-160
-  grep -h "first step done" $b/runs-n-*.txt | cut -c1-200
-  python bench/epoch_rates.py /tmp/runs/n-*/ | tee $b/epoch_rates-n2.jsonl
-elif [ "$part" = n3 ]; then
-  same=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs --epochs 8 --eval-every 0)
-  run_on n3-1gpu 0 "${same[@]}"
-  for r in 1 2; do
-    [ $SECONDS -lt 420 ] && run_on n3-ddp2-$r 0,1 "${same[@]}" --nproc-per-node 2
-    [ $SECONDS -lt 470 ] && NCCL_MAX_NCHANNELS=8 run_on n3-ddp2-nch8-$r 0,1 "${same[@]}" --nproc-per-node 2
-    [ $SECONDS -lt 520 ] && run_on n3-1gpu-again-$r 1 "${same[@]}"
-  done
-  grep -h "first step done" $b/runs-n3-*.txt | cut -c1-200
-  python bench/epoch_rates.py /tmp/runs/n3-*/ | tee $b/epoch_rates-n3.jsonl
 elif [ "$part" = h ]; then
   while { [ ! -e $b/DONE0 ] || [ ! -e $b/DONE1 ]; } && [ $SECONDS -lt 560 ]; do sleep 5; done
   cat $b/variants-*.txt
@@ -284,6 +314,4 @@ else
   run_on ddp-synth-graph 0,1 "${synth[@]}" --compile-mode default --nproc-per-node 2 --compile \
     --cuda-graphs --epochs 4 --profile --profile-wait 50
 fi
-cut -c1-400 $b/summaries.jsonl 2>/dev/null
-tar -czf "$out/next-$part.tar.gz" --exclude='*.pt.trace.json' -C /tmp bench
-for r in /tmp/runs/*/; do n=$(basename $r); mkdir -p $out/runs/$n; cp $r/summary.json $r/log-rank0.txt $r/profile/breakdown-rank*.json $out/runs/$n/ 2>/dev/null; done
+finish

@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolve(cfg, cuda_available=cuda, notes=notes)
         dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
         try:
-            resolve_parallel(cfg, dist.world_size, torch.cuda.device_count() if cuda else 0)
+            resolve_parallel(cfg, dist.world_size, torch.cuda.device_count() if cuda else 0, notes)
             if dist.is_main:
                 for note in notes:
                     say(note)

@@ -90,6 +90,7 @@ class TrainConfig:
     broadcast_buffers: bool = False
     sync_bn: bool = False
     ddp_compile: str = "ddp-optimizer"
+    ddp_comm_hook: str = "none"
     dist_timeout: int = 600
     on_nan: str = "stop"
     device: str = "auto"
@@ -484,6 +485,15 @@ OPTIONS: tuple[Option, ...] = (
         choices=("ddp-optimizer", "compiled-autograd"),
     ),
     Option(
+        "--ddp-comm-hook",
+        "train.ddp_comm_hook",
+        str,
+        "DDP gradient all-reduce: none (fp32, exact) or PyTorch's bf16 / fp16 compression hook "
+        "(each bucket cast to 16 bits, all-reduced, cast back: half the bytes on the wire and "
+        "fewer SMs taken from the backward, at 16-bit precision of the averaged gradient)",
+        choices=("none", "bf16", "fp16"),
+    ),
+    Option(
         "--dist-timeout",
         "train.dist_timeout",
         int,
@@ -848,8 +858,20 @@ def _resolve_kernels(cfg: Config) -> None:
         t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
 
 
-def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
-    """Fill the 'auto' strategy from the launch, and refuse combinations that cannot work."""
+# DDP-only settings and their defaults: given without DDP, they do nothing, and the user hears so
+DDP_ONLY = {
+    "bucket_cap_mb": ("--bucket-cap-mb", None),
+    "broadcast_buffers": ("--broadcast-buffers", False),
+    "sync_bn": ("--sync-bn", False),
+    "ddp_comm_hook": ("--ddp-comm-hook", "none"),
+}
+
+
+def resolve_parallel(
+    cfg: Config, world_size: int, gpus: int, notes: list[str] | None = None
+) -> Config:
+    """Fill the 'auto' strategy from the launch, and refuse combinations that cannot work.
+    DDP-only settings given to a run without DDP go into ``notes``."""
     t = cfg.train
     if t.strategy == "auto":
         t.strategy = "ddp" if world_size > 1 else "none"
@@ -888,6 +910,13 @@ def resolve_parallel(cfg: Config, world_size: int, gpus: int) -> Config:
             )
         if gpus < 2:
             raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
+    unused = [flag for k, (flag, off) in DDP_ONLY.items() if getattr(t, k) != off]
+    if t.strategy != "ddp" and unused and notes is not None:
+        notes.append(
+            f"{', '.join(unused)}: {'DDP settings' if len(unused) > 1 else 'a DDP setting'}, "
+            f"unused with --strategy {t.strategy} "
+            f"({world_size} process{'es' if world_size > 1 else ''})"
+        )
     return cfg
 
 

@@ -12,10 +12,14 @@ from contextlib import nullcontext
 import torch
 import torch._dynamo
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from fasttrain.config import TrainConfig
 from fasttrain.distributed import DistState
+
+# --ddp-comm-hook: PyTorch's own hooks, each bucket cast to 16 bits for the all-reduce
+COMM_HOOKS = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
 
 
 def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
@@ -41,6 +45,9 @@ def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
             gradient_as_bucket_view=True,
             broadcast_buffers=t.broadcast_buffers,
         )
+    if t.ddp_comm_hook != "none":
+        # state None: the default process group, the one DDP reduces over
+        ddp.register_comm_hook(None, COMM_HOOKS[t.ddp_comm_hook])
     if side is not None:
         torch.cuda.current_stream(dist.device).wait_stream(side)
         ddp.fasttrain_side_stream = side  # the graphed step warms up and captures on it
@@ -59,6 +66,12 @@ def ddp_bucket_cap_mb(t: TrainConfig, dist: DistState) -> int:
     if t.bucket_cap_mb is not None:
         return t.bucket_cap_mb
     return 100 if dist.one_node else 25
+
+
+def ddp_description(t: TrainConfig, dist: DistState) -> str:
+    """How DDP reduces, for the run's log: bucket size and any compression hook."""
+    hook = f", {t.ddp_comm_hook} all-reduce" if t.ddp_comm_hook != "none" else ""
+    return f"ddp ({ddp_bucket_cap_mb(t, dist)} MB buckets{hook})"
 
 
 def raw_module(net: nn.Module) -> nn.Module:

@@ -26,7 +26,7 @@ from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.model import build_configured_model
 from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.parallel import average_bn_statistics, ddp_bucket_cap_mb, wrap_model
+from fasttrain.parallel import average_bn_statistics, ddp_description, wrap_model
 from fasttrain.profiling import RunProfiler, StepTimer, configure, span
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 from fasttrain.signals import StopRequest
@@ -160,7 +160,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         t.amp,
         train_step.description,
         f" (Triton kernels: {t.triton_kernels})" if kernels else "",
-        f"ddp ({ddp_bucket_cap_mb(t, dist)} MB buckets)" if t.strategy == "ddp" else t.strategy,
+        ddp_description(t, dist) if t.strategy == "ddp" else t.strategy,
         global_batch,
         t.batch_size,
         gpus,

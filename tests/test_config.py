@@ -377,3 +377,20 @@ def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypa
     for flag, want in (("auto", None), ("50", 50)):
         cfg, _ = parse_args(["--data", "/d", "--bucket-cap-mb", flag], cuda_available=True)
         assert cfg.train.bucket_cap_mb == want
+
+
+def test_ddp_only_settings_without_ddp_are_named_in_a_note():
+    notes: list[str] = []
+    cfg, _ = parse_args(["--data", "/d", "--ddp-comm-hook", "bf16", "--sync-bn"], True)
+    resolve_parallel(cfg, world_size=1, gpus=1, notes=notes)
+    assert cfg.train.strategy == "none" and cfg.train.ddp_comm_hook == "bf16"
+    assert notes == [
+        "--sync-bn, --ddp-comm-hook: DDP settings, unused with --strategy none (1 process)"
+    ]
+    quiet: list[str] = []  # with DDP they are used, and defaults are never named
+    resolve_parallel(parse_args(["--data", "/d", "--ddp-comm-hook", "bf16"], True)[0], 2, 2, quiet)
+    resolve_parallel(parse_args(["--data", "/d"], True)[0], 1, 1, quiet)
+    assert quiet == []
+    with pytest.raises(SystemExit) as e:  # an unknown hook is refused by the parser
+        parse_args(["--data", "/d", "--ddp-comm-hook", "powersgd"], True)
+    assert e.value.code == 2

@@ -48,7 +48,7 @@ def tiny_net() -> nn.Module:
     )
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -59,7 +59,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist = DistState.from_env("cpu", timeout_s=120)
     torch.manual_seed(0)
     model = tiny_net()
-    net = wrap_model(model, TrainConfig(strategy="ddp" if world > 1 else "none"), dist)
+    t = TrainConfig(strategy="ddp" if world > 1 else "none", ddp_comm_hook=hook)
+    net = wrap_model(model, t, dist)
     optimizer = build_optimizer(model, OptimConfig(), 0.1)
     step = build_step(
         model=net,
@@ -89,9 +90,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.close()
 
 
-def spawn(world: int, tmp_path: Path) -> dict:
-    out = tmp_path / f"world{world}.pt"
-    mp.spawn(_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
+def spawn(world: int, tmp_path: Path, hook: str = "none") -> dict:
+    out = tmp_path / f"world{world}-{hook}.pt"
+    mp.spawn(_worker, args=(world, free_port(), str(out), hook), nprocs=world, join=True)
     return torch.load(out)
 
 
@@ -106,6 +107,17 @@ def test_ddp_step_matches_one_process_on_the_same_global_batch(tmp_path):
     assert not seen[0] & seen[1]  # the ranks read disjoint images
     assert len(seen[0]) == len(seen[1]) == 48  # 100 // 2 per rank, in whole batches of 8
     assert seen[0] | seen[1] < set(range(100))
+
+
+def test_bf16_comm_hook_reduces_in_bf16_and_keeps_the_ranks_equal(tmp_path):
+    """--ddp-comm-hook bf16: the all-reduce runs on bf16 copies of the gradients, so the result
+    is near the exact one but not equal to it, and every rank applies the same update."""
+    one, exact, bf16 = spawn(1, tmp_path), spawn(2, tmp_path), spawn(2, tmp_path, "bf16")
+    a, b = bf16["params"]
+    assert torch.equal(a, b)
+    assert not torch.equal(a, exact["params"][0])  # the hook ran: bf16 rounding shows
+    torch.testing.assert_close(a, one["params"][0], rtol=2e-2, atol=2e-3)
+    assert bf16["losses"] == pytest.approx(one["losses"], rel=1e-2)
 
 
 def _hung_rank_worker(rank: int, port: int, out: str) -> None:
