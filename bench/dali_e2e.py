@@ -3,10 +3,12 @@ by synthetic data and by DALI under each loader setting, side by side in one pro
 alone, and DALI pulled while the step trains on synthetic data; then a trace of each feed with
 where the GPU idles and what the host threads wait on.
 
-Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR] [--set handoff|executor]
+Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR] [--set handoff|executor|priority]
 [--inductor-options coordinate_descent_tuning] [--maxpool] [--no-trace] [--jsonl FILE]
 (default data: the sample dataset). ``--set handoff`` (the default) compares DALI's prefetch
-depth and how a batch reaches the step; ``executor`` the third session's executor settings.
+depth and how a batch reaches the step; ``executor`` the third session's executor settings;
+``priority`` the step replayed on a high-priority stream, so that DALI's decode kernels take SMs
+only where the step leaves them free.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Fixed:
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", nargs="?", help="dataset root (default: the sample dataset)")
-    p.add_argument("--set", choices=("handoff", "executor"), default="handoff")
+    p.add_argument("--set", choices=("handoff", "executor", "priority"), default="handoff")
     p.add_argument(
         "--inductor-options",
         default="",
@@ -139,6 +141,17 @@ def main() -> None:
             "dali, stream hand-off": (lambda: dali(handoff="stream"), None),
             "dali, stream hand-off, prefetch 4": (lambda: dali(handoff="stream", prefetch=4), None),
             "dali, prefetch 2, host hand-off, again": (lambda: dali(), None),
+            "synthetic, again": synthetic,
+        }
+    elif args.set == "priority":  # the step on a high-priority stream: DALI's kernels yield
+        hi = torch.cuda.Stream(dev, priority=-5)  # clamped to the device's highest
+        variants = {
+            "synthetic (fp16, one buffer)": synthetic,
+            "synthetic, high-priority stream": (lambda: Fixed(per_epoch), hi),
+            "dali, prefetch 4": (lambda: dali(prefetch=4), None),
+            "dali, prefetch 4, high-priority stream": (lambda: dali(prefetch=4), hi),
+            "dali, prefetch 4, again": (lambda: dali(prefetch=4), None),
+            "dali, prefetch 4, high-priority stream, again": (lambda: dali(prefetch=4), hi),
             "synthetic, again": synthetic,
         }
     else:
