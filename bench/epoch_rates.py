@@ -7,22 +7,40 @@ The sample sets have 19-78 steps per epoch per GPU, so epoch starts weigh far mo
 ImageNet (5,004 steps per epoch at batch 256); the second figure is the one that carries over to
 long epochs, the first is what the sample run did. Both are printed, never one alone.
 
-Usage: python bench/epoch_rates.py RUN_DIR [RUN_DIR ...]
+Usage: python bench/epoch_rates.py RUN [RUN ...], each RUN a run's output directory or, where
+only that came back from the GPU machine, the text of its log (rank 0's, as printed). A run that
+failed (no summary.json) is reported as failed, and the rest still are.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 from fasttrain.metrics import steady_rate
 
+LOG_LINE = re.compile(r"^epoch (\d+) step (\d+): .* ([\d,]+) img/s", re.M)
+GLOBAL_BATCH = re.compile(r"global batch (\d+)")
 
-def rates(run_dir: Path) -> dict[str, float | int | None]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r.get("kind") == "train" and r["img_per_s"]]
-    batch = json.loads((run_dir / "summary.json").read_text())["global_batch"]
+
+def records_from_log(text: str) -> tuple[list[dict], int]:
+    """The train records and global batch from a run's printed log (img/s rounded as printed)."""
+    train = [
+        {"epoch": int(e), "step": int(s), "img_per_s": float(r.replace(",", ""))}
+        for e, s, r in LOG_LINE.findall(text)
+    ]
+    return train, int(GLOBAL_BATCH.findall(text)[-1])
+
+
+def rates(run: Path) -> dict[str, float | int | None]:
+    if run.is_file():
+        train, batch = records_from_log(run.read_text())
+    else:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if r.get("kind") == "train" and r["img_per_s"]]
+        batch = json.loads((run / "summary.json").read_text())["global_batch"]
     intervals = []  # (epoch, images, seconds, began the epoch), as the trainer logged them
     for prev, r in zip([None, *train], train, strict=False):
         images = (r["step"] - (prev["step"] if prev else 0)) * batch
@@ -40,7 +58,11 @@ def rates(run_dir: Path) -> dict[str, float | int | None]:
 
 def main() -> None:
     for arg in sys.argv[1:]:
-        print(json.dumps({"run": Path(arg).name, **rates(Path(arg))}))
+        run = Path(arg)
+        if run.is_dir() and not (run / "summary.json").is_file():
+            print(json.dumps({"run": run.name, "failed": True}))
+            continue
+        print(json.dumps({"run": run.name, **rates(run)}))
 
 
 if __name__ == "__main__":

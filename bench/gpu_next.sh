@@ -58,6 +58,13 @@
 #      DALI (`default` compile mode): DDP between 1-GPU runs, plain, with --ddp-comm-hook bf16
 #      (half the all-reduce's bytes) and with NCCL_MAX_NCHANNELS=8 (fewer SMs taken from the
 #      backward), twice. QPIPE_LIMIT (default 1140 s) stops it starting runs after that long.
+#   r1, r2 (not yet run; the next visit, a two-GPU machine): whether the step on a high-priority
+#      stream takes back DALI's cost (the seventh session's trace: the step's kernels run 3.3%
+#      slower beside DALI's). r1 with the first stash call: builds the 20,000-image set in the
+#      background. r2 after the last: bench/dali_e2e.py --set priority on both GPUs at once (two
+#      replicates; each compares, in one process, the default stream with a high-priority one,
+#      for DALI and for synthetic data). If it helps, the trainer gets the option, and the CLI's
+#      side-by-side pairs (as in q) measure it end to end.
 #   g, h (superseded: the fifth session compared default, coordinate-descent tuning and
 #      max-autotune in one process, and read the autotune log for the conv and matmul choices):
 #      what max-autotune's conv and matmul choices each buy (issue 4), the step
@@ -120,6 +127,23 @@ if [ "$part" = n1 ]; then  # with the first stash call: DALI is not there yet
     touch $b/SYNTH; wait' _ --config configs/sample.yaml --compile --cuda-graphs --epochs 8 \
     --eval-every 0 > /dev/null 2>&1 < /dev/null &
   sleep 2; exit 0
+fi
+if [ "$part" = r1 ]; then  # with the first stash call: DALI is not there yet
+  NO_DALI=1 source bench/device_env.sh
+  setsid nohup bash -c 'build_big' > /dev/null 2>&1 < /dev/null &
+  sleep 2; exit 0
+fi
+if [ "$part" = r2 ]; then  # after the last stash call
+  source bench/device_env.sh
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 150 ]; do sleep 2; done
+  for g in 0 1; do
+    CUDA_VISIBLE_DEVICES=$g setsid nohup bash -c "python bench/dali_e2e.py $big --set priority \
+      --maxpool --no-trace --jsonl $b/priority-gpu$g.jsonl > $b/priority-gpu$g.txt 2>&1; \
+      touch $b/PRIO$g" > /dev/null 2>&1 < /dev/null &
+  done
+  while { [ ! -e $b/PRIO0 ] || [ ! -e $b/PRIO1 ]; } && [ $SECONDS -lt 540 ]; do sleep 3; done
+  grep -h "^|" $b/priority-gpu*.txt
+  finish; exit 0
 fi
 if [ "$part" = q ]; then  # after the last stash call: DALI is all there
   source bench/device_env.sh

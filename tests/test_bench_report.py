@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,25 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
     # epochs 1 and 2: two epoch starts (2 s each) and two in-epoch intervals (1 s each)
     assert got["steady_img_per_s"] == pytest.approx(4000 / 6)
     assert got["in_epoch_img_per_s"] == pytest.approx(1000.0)
+    # the same run as its printed log: the trainer's line format, the same figures
+    log = tmp_path / "run.txt"
+    log.write_text(
+        "device cuda:0, amp bf16 | global batch 100 (100 per GPU x 1 GPU(s) x 1 accum) | x\n"
+        + "".join(
+            f"epoch {r['epoch']} step {r['step']}: loss 0.5 top1 90.0% lr 0.1 "
+            f"{r['img_per_s']:,.0f} img/s data-wait 0% gpu 35.0 ms/step\n"
+            for r in lines
+            if r["kind"] == "train"
+        )
+        + "epoch 0 val: top1 50.0% top5 90.0%\n"
+    )
+    assert epoch_rates.rates(log) == got
+    (tmp_path / "summary.json").unlink()  # a failed run: reported, not a traceback
+    out = subprocess.run(
+        [sys.executable, str(Path(spec.origin)), str(tmp_path), str(log)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert json.loads(out[0]) == {"run": tmp_path.name, "failed": True}
+    assert json.loads(out[1])["in_epoch_img_per_s"] == pytest.approx(1000.0)
