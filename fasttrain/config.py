@@ -489,8 +489,9 @@ OPTIONS: tuple[Option, ...] = (
         "train.ddp_comm_hook",
         str,
         "DDP gradient all-reduce: none (fp32, exact) or PyTorch's bf16 / fp16 compression hook "
-        "(each bucket cast to 16 bits, all-reduced, cast back: half the bytes on the wire and "
-        "fewer SMs taken from the backward, at 16-bit precision of the averaged gradient)",
+        "(each bucket cast to 16 bits, all-reduced, cast back: half the bytes on the wire, at "
+        "16-bit precision of the averaged gradient; +0.3%% on two H200s over NVLink, within "
+        "noise, BENCHMARKS.md: for slower links)",
         choices=("none", "bf16", "fp16"),
     ),
     Option(
