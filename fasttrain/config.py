@@ -859,13 +859,9 @@ def _resolve_kernels(cfg: Config) -> None:
         t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
 
 
-# DDP-only settings and their defaults: given without DDP, they do nothing, and the user hears so
-DDP_ONLY = {
-    "bucket_cap_mb": ("--bucket-cap-mb", None),
-    "broadcast_buffers": ("--broadcast-buffers", False),
-    "sync_bn": ("--sync-bn", False),
-    "ddp_comm_hook": ("--ddp-comm-hook", "none"),
-}
+# DDP-only settings: given without DDP (away from TrainConfig's defaults) they do nothing, and
+# the user hears so, by flag
+DDP_ONLY = ("bucket_cap_mb", "broadcast_buffers", "sync_bn", "ddp_comm_hook")  # TrainConfig fields
 
 
 def resolve_parallel(
@@ -911,7 +907,8 @@ def resolve_parallel(
             )
         if gpus < 2:
             raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
-    unused = [flag for k, (flag, off) in DDP_ONLY.items() if getattr(t, k) != off]
+    default, flag = TrainConfig(), {o.key: o.flag for o in OPTIONS}
+    unused = [flag[f"train.{k}"] for k in DDP_ONLY if getattr(t, k) != getattr(default, k)]
     if t.strategy != "ddp" and unused and notes is not None:
         notes.append(
             f"{', '.join(unused)}: {'DDP settings' if len(unused) > 1 else 'a DDP setting'}, "
