@@ -8,6 +8,7 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the process group starts from those (``
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -157,5 +158,10 @@ class DistState:
                 tdist.barrier()
 
     def close(self) -> None:
+        """Destroy the process group, after freeing what is only unreachable: DDP's reducer sits
+        in reference cycles, and with a comm hook its pending futures hold Python callbacks;
+        left to interpreter exit, gloo's threads free them without the GIL and the process
+        aborts (pytorch/pytorch PR 179291)."""
         if self.distributed and tdist.is_initialized():
+            gc.collect()
             tdist.destroy_process_group()

@@ -3,7 +3,6 @@ and the trainer launched by ``python -m fasttrain --nproc-per-node 2``."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import socket
@@ -88,11 +87,9 @@ def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> N
     seen = dist.all_gather_object([i for i, _ in sampler])
     if rank == 0:
         torch.save({"losses": losses, "params": every_rank, "seen": seen}, out)
-    # DDP's reducer (and a comm hook's futures, holding Python callbacks) goes before the
-    # process group: left to interpreter exit, gloo's threads can free them without the GIL
-    # and abort the process (pytorch/pytorch PR 179291); the trainer's DDP is gone by then too
+    # DDP (and a comm hook's futures) must go before the process group, as the trainer's has
+    # by the time it closes: DistState.close frees what is left unreachable
     del step, net
-    gc.collect()
     dist.close()
 
 
