@@ -8,7 +8,8 @@ Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR] [--set handoff|exe
 (default data: the sample dataset). ``--set handoff`` (the default) compares DALI's prefetch
 depth and how a batch reaches the step; ``executor`` the third session's executor settings;
 ``priority`` the step replayed on a high-priority stream, so that DALI's decode kernels take SMs
-only where the step leaves them free.
+only where the step leaves them free (measured: no difference); ``clocks`` synthetic against DALI
+twice, with ``--marks`` for lining the windows up with nvidia-smi's SM clock and power log.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from datetime import datetime
 
 import torch
 from common import loader_args  # bench/common.py: the script's folder is on sys.path
@@ -62,7 +64,9 @@ class Fixed:
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", nargs="?", help="dataset root (default: the sample dataset)")
-    p.add_argument("--set", choices=("handoff", "executor", "priority"), default="handoff")
+    p.add_argument(
+        "--set", choices=("handoff", "executor", "priority", "clocks"), default="handoff"
+    )
     p.add_argument(
         "--inductor-options",
         default="",
@@ -74,6 +78,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-trace", action="store_true", help="skip the profiled traces at the end")
     p.add_argument("--only-trace", action="store_true", help="only the traces, no timed variants")
     p.add_argument("--jsonl", help="append each variant's img/s to this file")
+    p.add_argument(
+        "--marks",
+        help="append each timed window (variant, start, end: local wall-clock time) to this "
+        "file, to line up with a clock and power log (nvidia-smi --query-gpu=timestamp,...)",
+    )
     return p.parse_args()
 
 
@@ -116,10 +125,13 @@ def main() -> None:
         with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
             epoch(loader, 0)
             torch.cuda.synchronize()
-            t = time.perf_counter()
+            window[0], t = datetime.now(), time.perf_counter()
             images = sum(epoch(loader, e) for e in range(1, epochs + 1))
             torch.cuda.synchronize()
+            window[1] = datetime.now()
         return images / (time.perf_counter() - t)
+
+    window = [datetime.now(), datetime.now()]  # the last timed window, for --marks
 
     def dali(**kw) -> DaliLoader:
         a: dict = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
@@ -154,6 +166,13 @@ def main() -> None:
             "dali, prefetch 4, high-priority stream, again": (lambda: dali(prefetch=4), hi),
             "synthetic, again": synthetic,
         }
+    elif args.set == "clocks":  # SM clock and power beside DALI (read from --marks' windows)
+        variants = {
+            "synthetic (fp16, one buffer)": synthetic,
+            "dali, prefetch 4": (lambda: dali(prefetch=4), None),
+            "synthetic, again": synthetic,
+            "dali, prefetch 4, again": (lambda: dali(prefetch=4), None),
+        }
     else:
         variants = {
             "synthetic (fp16, one buffer)": synthetic,
@@ -179,10 +198,11 @@ def main() -> None:
             print(f"{name:48s} failed: {str(e).splitlines()[0][:200]}", flush=True)
             continue
         print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
+        mark(args.marks, name, window)
         del loader
 
     if not args.only_trace:
-        alone_and_pulled(results, dali(), Fixed(per_epoch), step, meter, n)
+        alone_and_pulled(results, dali(), Fixed(per_epoch), step, meter, n, args.marks)
         report(results, args.jsonl)
     if args.no_trace:
         return
@@ -215,7 +235,16 @@ def main() -> None:
         summarize(path, steps=12)
 
 
-def alone_and_pulled(results: dict, loader, fixed, step, meter, n: list[int]) -> None:
+def mark(path: str | None, name: str, window: list[datetime]) -> None:
+    if path:
+        with open(path, "a") as f:
+            start, end = (t.strftime("%Y/%m/%d %H:%M:%S.%f") for t in window)
+            f.write(json.dumps({"variant": name, "start": start, "end": end}) + "\n")
+
+
+def alone_and_pulled(
+    results: dict, loader, fixed, step, meter, n: list[int], marks: str | None = None
+) -> None:
     """The two halves apart: DALI alone, and DALI pulled while the step trains on synthetic
     data (the same GPU load, without the data dependency)."""
 
@@ -238,11 +267,12 @@ def alone_and_pulled(results: dict, loader, fixed, step, meter, n: list[int]) ->
     ):
         fn(0)
         torch.cuda.synchronize()
-        t = time.perf_counter()
+        start, t = datetime.now(), time.perf_counter()
         images = sum(fn(e) for e in range(1, 4))
         torch.cuda.synchronize()
         results[name] = images / (time.perf_counter() - t)
         print(f"{name:48s} {results[name]:8,.0f} img/s", flush=True)
+        mark(marks, name, [start, datetime.now()])
 
 
 def report(results: dict[str, float], jsonl: str | None) -> None:
