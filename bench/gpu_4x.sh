@@ -40,7 +40,7 @@ if [ "$part" = a ]; then
   NO_DALI=1 source bench/device_env.sh
   nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader
   setsid nohup bash bench/gpu_4x.sh pipe > $b/pipe.txt 2>&1 < /dev/null &
-  sleep 2; exit 0
+  sleep 15; cat $b/pipe.txt; exit 0  # its imports done before the next call copies the tree
 fi
 if [ "$part" = b ]; then
   bash /tmp/dali-stash/unpack.sh install && touch $b/DALI_READY

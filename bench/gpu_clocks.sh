@@ -5,7 +5,7 @@
 #       bash .dali/unpack.sh stash > /dev/null && bash bench/gpu_clocks.sh a
 #   calls 2 and 3, carrying .dali/p1, then .dali/p2:  cp .dali/pN /tmp/dali-stash/
 #   call 4, carrying .dali/p3:  cp .dali/p3 /tmp/dali-stash/ && bash bench/gpu_clocks.sh b
-# a: builds the built-in sample set (10,000 images) in the background. b: nvidia-smi logs SM
+# a: builds the built-in sample set (10,000 images), in the background, waiting up to 90 s. b: nvidia-smi logs SM
 # clock, power, temperature and the clock-limit reasons every 100 ms while bench/dali_e2e.py
 # --set clocks times synthetic data and DALI twice each (then DALI alone, and DALI pulled beside
 # the step on synthetic data); bench/clocks.py lines the two up. Why: the seventh session's
@@ -21,7 +21,9 @@ if [ "$part" = a ]; then
   nvidia-smi --query-gpu=index,name,power.limit,clocks.max.sm --format=csv,noheader
   setsid nohup bash -c "python -c 'from fasttrain.data.sample import build_sample as s; s(\"/tmp/fasttrain-cache\")' \
     > $b/sample.txt 2>&1; touch $b/SAMPLE" > /dev/null 2>&1 < /dev/null &
-  sleep 1; exit 0
+  # the next call copies the working tree onto the machine again: let the imports finish first
+  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 90 ]; do sleep 2; done
+  tail -1 $b/sample.txt; exit 0
 fi
 source bench/device_env.sh
 while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done

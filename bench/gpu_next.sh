@@ -58,7 +58,8 @@
 #      DALI (`default` compile mode): DDP between 1-GPU runs, plain, with --ddp-comm-hook bf16
 #      (half the all-reduce's bytes) and with NCCL_MAX_NCHANNELS=8 (fewer SMs taken from the
 #      backward), twice. QPIPE_LIMIT (default 1140 s) stops it starting runs after that long.
-#   r1, r2 (not yet run; the next visit, a two-GPU machine): whether the step on a high-priority
+#   r1, r2 (superseded: the eighth session measured this with bench/gpu_priority.sh at 541b03e,
+#      since removed with its trainer flag: no difference, BENCHMARKS.md): whether the step on a high-priority
 #      stream takes back DALI's cost (the seventh session's trace: the step's kernels run 3.3%
 #      slower beside DALI's). r1 with the first stash call: builds the 20,000-image set in the
 #      background. r2 after the last: bench/dali_e2e.py --set priority on both GPUs at once (two

@@ -84,7 +84,6 @@ class TrainConfig:
     compile_mode: str = "auto"  # FASTEST_COMPILE_MODE (+ its options) on a GPU, except the demo
     inductor_options: str | None = None  # None: INDUCTOR_DEFAULTS under --compile
     cuda_graphs: bool = False
-    stream_priority: str = "normal"  # high: the step on the device's highest-priority stream
     triton_kernels: str = "auto"  # comma list of KERNELS, none, or auto: measured faster and sound
     strategy: str = "auto"  # ddp with several processes, else none
     bucket_cap_mb: int | None = None  # auto: ddp_bucket_cap_mb()
@@ -419,15 +418,6 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         "capture the whole training step (forward, backward, optimizer, LR, metrics) in one CUDA "
         "graph and replay it: the host launches one graph per step; with --compile or without",
-    ),
-    Option(
-        "--stream-priority",
-        "train.stream_priority",
-        str,
-        "the CUDA stream priority the training step runs at: normal, or high (the device's "
-        "highest: the GPU's block scheduler then starts the step's kernels before DALI's "
-        "decode kernels whenever both wait for SMs). Needs a GPU",
-        choices=("normal", "high"),
     ),
     Option(
         "--on-nan",
@@ -827,10 +817,6 @@ def _resolve_compile(t: TrainConfig, notes: list[str] | None, sample: bool = Fal
         t.cuda_graphs = False
         if notes is not None:
             notes.append("--cuda-graphs needs a CUDA GPU: training without CUDA graphs")
-    if t.stream_priority == "high" and t.device != "cuda":
-        t.stream_priority = "normal"  # recorded as what runs
-        if notes is not None:
-            notes.append("--stream-priority high orders the step on a CUDA stream; no GPU here")
     if t.cuda_graphs and t.compile and t.compile_mode in ("reduce-overhead", "max-autotune"):
         raise UserError(
             f"--compile-mode {t.compile_mode} captures CUDA graphs of its own, which cannot nest "

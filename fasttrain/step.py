@@ -233,27 +233,6 @@ class GraphedStep:
         return True
 
 
-class PriorityStep:
-    """``step`` run on a stream of the device's highest priority, ordered after the caller's
-    stream and before its next work (no host wait). DALI decodes on its own streams beside the
-    step; at high priority the block scheduler starts the step's kernels first whenever both
-    wait for SMs, so DALI fills what the step leaves free. A CUDA graph replayed here runs at
-    this stream's priority (CUDA's default for a graph launch)."""
-
-    def __init__(self, step: EagerStep | GraphedStep, device: torch.device):
-        self.step = step
-        _, highest = torch.cuda.Stream.priority_range()
-        self.stream = torch.cuda.Stream(device, priority=highest)
-        self.description = f"{step.description}, high-priority stream"
-
-    @property
-    def capture_s(self) -> float | None:
-        return getattr(self.step, "capture_s", None)
-
-    def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
-        on_side_stream(lambda: self.step(batches, meter, step), self.stream)
-
-
 def images_in(batches: Sequence[Batch]) -> int:
     return sum(images.shape[0] for images, _ in batches)
 
@@ -291,15 +270,11 @@ def build_step(
     cuda_graphs: bool = False,
     graph_warmup: int = 3,
     fixed_inputs: bool = False,
-    high_priority: bool = False,
-) -> EagerStep | GraphedStep | PriorityStep:
+) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
-    step, so a graph can read them in place. ``high_priority``: on a high-priority stream (GPU)."""
+    step, so a graph can read them in place."""
     args = (model, optimizer, criterion, amp_dtype, scaler, schedule)
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
-    step: EagerStep | GraphedStep = (
-        GraphedStep(base, warmup=graph_warmup, fixed_inputs=fixed_inputs) if cuda_graphs else base
-    )
-    if high_priority:
-        return PriorityStep(step, next(model.parameters()).device)
-    return step
+    if cuda_graphs:
+        return GraphedStep(base, warmup=graph_warmup, fixed_inputs=fixed_inputs)
+    return base

@@ -125,7 +125,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         # DDP rebuilds its buckets after the first steps: capture after 11 (PyTorch CUDA notes)
         graph_warmup=11 if t.strategy == "ddp" else 3,
         fixed_inputs=getattr(data.train, "fixed_buffers", False),
-        high_priority=t.stream_priority == "high",
     )
     evaluator = (
         Evaluator(

@@ -101,3 +101,48 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
     ).stdout.splitlines()
     assert json.loads(out[0]) == {"run": tmp_path.name, "failed": True}
     assert json.loads(out[1])["in_epoch_img_per_s"] == pytest.approx(1000.0)
+
+
+def test_clocks_takes_the_medians_of_the_samples_inside_each_window(tmp_path, capsys):
+    """bench/clocks.py on an nvidia-smi log in the format the H200 machine wrote (eighth
+    session): only samples inside a window count, unreadable values are skipped, and the
+    clock-limit reasons are counted."""
+    spec = importlib.util.spec_from_file_location(
+        "clocks", Path(__file__).parent.parent / "bench" / "clocks.py"
+    )
+    clocks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clocks)
+    rows = []
+    for i in range(30):  # one sample per second from 17:26:00; the clock drops at 17:26:20
+        clock, watts = (1950, 690) if i < 20 else (1800, 600)
+        reason = "0x0000000000000004" if i % 5 else "0x0000000000000000"
+        rows.append(f"2026/11/30 17:26:{i:02d}.122, {clock} MHz, {watts}.50 W, 53, {reason}")
+    rows[3] = "2026/11/30 17:26:03.122, [N/A], [N/A], 53, 0x0000000000000004"
+    rows.append("not a sample")
+    (tmp_path / "smi.csv").write_text("\n".join(rows) + "\n")
+    marks = [
+        {
+            "variant": "first",
+            "start": "2026/11/30 17:26:01.000000",
+            "end": "2026/11/30 17:26:10.000000",
+        },
+        {
+            "variant": "second",
+            "start": "2026/11/30 17:26:20.000000",
+            "end": "2026/11/30 17:26:29.500000",
+        },
+        {
+            "variant": "empty",
+            "start": "2026/11/30 18:00:00.000000",
+            "end": "2026/11/30 18:00:01.000000",
+        },
+    ]
+    (tmp_path / "marks.jsonl").write_text("".join(json.dumps(m) + "\n" for m in marks))
+    clocks.main(str(tmp_path / "smi.csv"), str(tmp_path / "marks.jsonl"))
+    table = {
+        line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()
+    }
+    assert table["first"].startswith("| first | 9 | 1,950 | 690 | 53 | 0x0000000000000004 x8, ")
+    assert "0x0000000000000000 x1" in table["first"]  # second 5 and 10 would be two; 10 is out
+    assert table["second"].startswith("| second | 10 | 1,800 | 600 | 53 | ")
+    assert table["empty"] == "| empty | 0 | | | | |"

@@ -227,22 +227,6 @@ def test_stream_hand_off_applies_to_dali_on_a_gpu_and_says_when_it_does_not():
         assert len(notes) == 1 and "--dali-handoff stream" in notes[0] and why in notes[0]
 
 
-def test_high_stream_priority_needs_a_gpu_and_says_so_without_one():
-    def priority(cuda, *flags):
-        notes = []
-        cfg = parse_args(["--data", "/d", *flags], cuda)[0]
-        resolve(cfg, cuda_available=cuda, dali_available=True, notes=notes)
-        return cfg.train.stream_priority, notes
-
-    assert priority(True) == ("normal", [])
-    assert priority(True, "--stream-priority", "high") == ("high", [])
-    value, notes = priority(False, "--stream-priority", "high")
-    assert value == "normal"  # the saved config says what ran
-    assert len(notes) == 1 and "--stream-priority high" in notes[0] and "no GPU" in notes[0]
-    with pytest.raises(SystemExit):
-        parse_args(["--stream-priority", "urgent"], cuda_available=True)
-
-
 def test_hw_decoder_load_is_a_fraction(tmp_path):
     with pytest.raises(UserError, match="--dali-hw-decoder-load must be at most 1"):
         parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)

@@ -52,7 +52,6 @@ def make(
     fixed_inputs: bool = False,
     triton: bool = False,
     maxpool: bool = False,
-    high_priority: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
     fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem."""
@@ -72,7 +71,6 @@ def make(
         compile="compiled" in kind,
         cuda_graphs="graph" in kind,
         fixed_inputs=fixed_inputs,
-        high_priority=high_priority,
     )
     return model, step
 
@@ -152,29 +150,6 @@ def test_graph_replays_its_base_step_exactly(base):
     assert int(step.step_t) == 16  # the device counter the LR is computed from
     assert step.lr.item() == pytest.approx(step.base.schedule.lr_at(15), rel=1e-6)
     print(f"{base}+graph vs {base}: weights rel diff {rel(flat(model), flat(ref_model)):.1e}")
-    assert losses == pytest.approx(ref_losses, rel=1e-6)
-    assert rel(flat(model), flat(ref_model)) < 1e-6
-
-
-@pytest.mark.parametrize("kind", ["eager", "compiled+graph"])
-def test_high_priority_stream_runs_the_same_step(kind):
-    """``--stream-priority high``: the step (the graph's replay) on the device's highest-priority
-    stream trains exactly as on the caller's stream, and hands the caller its stream back,
-    ordered after the step: ``train`` reads each step's loss on the caller's stream, and
-    resets the accumulators there before the next step reads them."""
-    from fasttrain.step import PriorityStep
-
-    data = batches(12)
-    ref_model, ref_step = make(kind)
-    ref_losses = train(ref_step, data)
-    model, step = make(kind, high_priority=True)
-    caller = torch.cuda.current_stream()
-    losses = train(step, data)
-    assert isinstance(step, PriorityStep) and "high-priority" in step.description
-    assert step.stream.priority == torch.cuda.Stream.priority_range()[1] < caller.priority
-    assert torch.cuda.current_stream() == caller
-    if "graph" in kind:
-        assert step.step.graph is not None and not step.step.failed
     assert losses == pytest.approx(ref_losses, rel=1e-6)
     assert rel(flat(model), flat(ref_model)) < 1e-6
 
@@ -284,15 +259,13 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
         "compiled+graph",
         "compiled+graph+triton-sgd",
         "compiled+graph+triton-maxpool",
-        "compiled+graph+high-priority",
     ],
 )
 def test_steady_state_steps_do_not_sync(kind):
     """Between two log steps, the loop's per-step work never waits on the device."""
     torch.backends.cudnn.benchmark = True
-    high = kind.endswith("+high-priority")
-    base, _, extra = kind.removesuffix("+high-priority").partition("+triton-")
-    _model, step = make(base, triton=extra == "sgd", maxpool=extra == "maxpool", high_priority=high)
+    base, _, extra = kind.partition("+triton-")
+    _model, step = make(base, triton=extra == "sgd", maxpool=extra == "maxpool")
     data = batches(4)
     meter = DeviceMeter(DEV)
     for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth
