@@ -3,13 +3,16 @@ by synthetic data and by DALI under each loader setting, side by side in one pro
 alone, and DALI pulled while the step trains on synthetic data; then a trace of each feed with
 where the GPU idles and what the host threads wait on.
 
-Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR] [--set handoff|executor|priority]
-[--inductor-options coordinate_descent_tuning] [--maxpool] [--no-trace] [--jsonl FILE]
-(default data: the sample dataset). ``--set handoff`` (the default) compares DALI's prefetch
+Usage on the GPU machine: python bench/dali_e2e.py [DATA_DIR]
+[--set handoff|executor|priority|clocks|resize] [--inductor-options coordinate_descent_tuning]
+[--maxpool] [--no-trace] [--jsonl FILE] [--marks FILE] (default data: the sample dataset).
+``--set handoff`` (the default) compares DALI's prefetch
 depth and how a batch reaches the step; ``executor`` the third session's executor settings;
 ``priority`` the step replayed on a high-priority stream, so that DALI's decode kernels take SMs
 only where the step leaves them free (measured: no difference); ``clocks`` synthetic against DALI
-twice, with ``--marks`` for lining the windows up with nvidia-smi's SM clock and power log.
+twice, with ``--marks`` for lining the windows up with nvidia-smi's SM clock and power log;
+``resize`` the train resize with and without its antialiasing filter (less DALI work beside the
+step). Each trace also lists the GPU work off the training stream by kernel name.
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", nargs="?", help="dataset root (default: the sample dataset)")
     p.add_argument(
-        "--set", choices=("handoff", "executor", "priority", "clocks"), default="handoff"
+        "--set",
+        choices=("handoff", "executor", "priority", "clocks", "resize"),
+        default="handoff",
     )
     p.add_argument(
         "--inductor-options",
@@ -166,6 +171,21 @@ def main() -> None:
             "dali, prefetch 4, high-priority stream, again": (lambda: dali(prefetch=4), hi),
             "synthetic, again": synthetic,
         }
+    elif args.set == "resize":  # less DALI work beside the step: no antialiasing filter
+        variants = {
+            "synthetic (fp16, one buffer)": synthetic,
+            "dali, prefetch 4 (antialiased resize)": (lambda: dali(prefetch=4), None),
+            "dali, prefetch 4, resize without antialiasing": (
+                lambda: dali(prefetch=4, antialias=False),
+                None,
+            ),
+            "dali, prefetch 4 (antialiased resize), again": (lambda: dali(prefetch=4), None),
+            "dali, prefetch 4, resize without antialiasing, again": (
+                lambda: dali(prefetch=4, antialias=False),
+                None,
+            ),
+            "synthetic, again": synthetic,
+        }
     elif args.set == "clocks":  # SM clock and power beside DALI (read from --marks' windows)
         variants = {
             "synthetic (fp16, one buffer)": synthetic,
@@ -216,6 +236,12 @@ def main() -> None:
             ("dali-prefetch4", dali(prefetch=4), None),
         )
         if args.set == "handoff"
+        else (
+            ("synthetic", Fixed(per_epoch), None),
+            ("dali-prefetch4", dali(prefetch=4), None),
+            ("dali-prefetch4-no-antialias", dali(prefetch=4, antialias=False), None),
+        )
+        if args.set == "resize"
         else (("dali", dali(), None), ("dali-side", dali(), side))
     )
     for name, loader, stream in traced:
@@ -321,6 +347,17 @@ def summarize(path: str, steps: int) -> None:
     print("per stream: ms/step, events/step")
     for st, (d, c) in sorted(per_stream.items(), key=lambda kv: -kv[1][0]):
         print(f"  stream {st}: {d / 1e3 / steps:7.2f}  {c / steps:7.1f}")
+    # what the loader's GPU work is made of: every event off the busiest (the training) stream
+    training = max(per_stream, key=lambda st: per_stream[st][0])
+    per_name = defaultdict(lambda: [0.0, 0])
+    for e in gpu:
+        if e["args"].get("stream") != training:
+            acc = per_name[e["name"][:100]]
+            acc[0] += e["dur"]
+            acc[1] += 1
+    print(f"off the training stream ({training}), by kernel or copy: ms/step, events/step")
+    for nm, (d, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"  {d / 1e3 / steps:7.3f}  {c / steps:6.1f}  {nm}")
     syncs = defaultdict(lambda: [0.0, 0])
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and (

@@ -19,11 +19,7 @@ b=/tmp/bench; mkdir -p $b
 if [ "$part" = a ]; then
   NO_DALI=1 source bench/device_env.sh
   nvidia-smi --query-gpu=index,name,power.limit,clocks.max.sm --format=csv,noheader
-  setsid nohup bash -c "python -c 'from fasttrain.data.sample import build_sample as s; s(\"/tmp/fasttrain-cache\")' \
-    > $b/sample.txt 2>&1; touch $b/SAMPLE" > /dev/null 2>&1 < /dev/null &
-  # the next call copies the working tree onto the machine again: let the imports finish first
-  while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 90 ]; do sleep 2; done
-  tail -1 $b/sample.txt; exit 0
+  sample_set 'SampleSpec()' 90; exit 0
 fi
 source bench/device_env.sh
 while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt 120 ]; do sleep 2; done

@@ -146,3 +146,38 @@ def test_clocks_takes_the_medians_of_the_samples_inside_each_window(tmp_path, ca
     assert "0x0000000000000000 x1" in table["first"]  # second 5 and 10 would be two; 10 is out
     assert table["second"].startswith("| second | 10 | 1,800 | 600 | 53 | ")
     assert table["empty"] == "| empty | 0 | | | | |"
+
+
+def test_dali_e2e_trace_summary_lists_the_loader_work_by_kernel(tmp_path, capsys, monkeypatch):
+    """bench/dali_e2e.py's trace summary on a hand-made chrome trace of two steps: the busiest
+    stream is the training stream; everything else is listed per kernel name, per step."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "bench"))
+    spec = importlib.util.spec_from_file_location(
+        "dali_e2e", Path(__file__).parent.parent / "bench" / "dali_e2e.py"
+    )
+    dali_e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dali_e2e)
+
+    def k(name, stream, ts, dur, cat="kernel"):
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "args": {"stream": stream},
+        }
+
+    events = [k("conv", 7, 0, 30_000), k("conv", 7, 30_000, 30_000)]  # two 30 ms steps
+    events += [k("rgba2rgb", s, 1_000 + 100 * s, 250) for s in (20, 21, 22, 23)]
+    events += [k("Memcpy HtoD", 20, 5_000, 400, cat="gpu_memcpy"), k("resize", 13, 9_000, 600)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    dali_e2e.summarize(str(path), steps=2)
+    out = capsys.readouterr().out
+    assert "off the training stream (7)" in out
+    section = out.split("off the training stream (7)")[1].split("host sync/wait")[0]
+    listed = section.splitlines()[1:]
+    assert [line.split()[2] for line in listed] == ["rgba2rgb", "resize", "Memcpy"]
+    assert listed[0].split()[:2] == ["0.500", "2.0"]  # 4 x 0.25 ms over 2 steps
+    assert listed[1].split()[:2] == ["0.300", "0.5"]

@@ -73,6 +73,24 @@ def test_prefetch_depth_reaches_every_train_pipeline(tiny_data):
     assert loader(scan_folder(tiny_data).train).pipes[0].prefetch_queue_depth == 4  # default
 
 
+def test_train_resize_without_antialiasing_keeps_the_crops_and_changes_the_filter(tiny_data):
+    """``antialias=False`` (NVIDIA's reference setting): the same files, crops and flips, in
+    the same layout, with only the resize filter changed, so the pixels differ a little."""
+    samples = indexed(scan_folder(tiny_data).train)
+    smooth, sharp = epoch(loader(samples)), epoch(loader(samples, antialias=False))
+    for (xa, ya), (xb, yb) in zip(smooth, sharp, strict=True):
+        assert torch.equal(ya, yb)
+        assert xb.shape == xa.shape and xb.dtype == xa.dtype
+        assert xb.is_contiguous(memory_format=torch.channels_last)
+    diff = torch.stack(
+        [
+            (xa.float() - xb.float()).abs().mean()
+            for (xa, _), (xb, _) in zip(smooth, sharp, strict=True)
+        ]
+    )
+    assert 0 < diff.mean() < 0.25 * torch.stack([x.float().std() for x, _ in smooth]).mean()
+
+
 def test_accumulation_gets_one_buffer_per_micro_batch(tiny_data):
     ld = loader(scan_folder(tiny_data).train, buffers=2)
     ld.set_epoch(0)

@@ -98,7 +98,9 @@ def _pipelines():
         )
 
     @pipeline_def(enable_checkpointing=True)
-    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+    def train_pipeline(
+        files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load, antialias=True
+    ):
         jpegs, label = reader(files, labels, shard_id, num_shards, shuffle_after_epoch=True)
         images = fn.decoders.image_random_crop(
             jpegs,
@@ -108,7 +110,8 @@ def _pipelines():
             num_attempts=100,
             **decoder_args(gpu, hw_decoder_load),
         )
-        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        # antialias: DALI's default, as torchvision's; NVIDIA's ResNet-50 reference turns it off
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=antialias)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT16,
@@ -175,13 +178,16 @@ class DaliLoader:
         handoff: str = "host",
         pipelines: int = 1,
         pipeline_kw: dict[str, Any] | None = None,
+        antialias: bool = True,
     ):
         """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
         its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
         ``prefetch``: DALI's prefetch queue depth. ``handoff``: how a batch reaches the caller's
         stream (see ``__iter__``): "host", "stream" or "copy_stream". ``pipelines``: train
         pipelines on this rank, taking turns (``threads`` is split among them). ``pipeline_kw``:
-        more ``Pipeline`` arguments (executor, stream policy), for the benchmarks."""
+        more ``Pipeline`` arguments (executor, stream policy), for the benchmarks.
+        ``antialias``: the train resize's antialiasing filter (off: bilinear alone, as NVIDIA's
+        ResNet-50 reference pipeline, less GPU work beside the step)."""
         require_dali()
         self.train = train
         self.batch_size = batch_size
@@ -214,6 +220,7 @@ class DaliLoader:
                 seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
                 prefetch_queue_depth=prefetch,
                 **({"checkpoint": states["dali"][k]} if states else {}),
+                **({"antialias": antialias} if train else {}),
                 **(pipeline_kw or {}),
             )
             for k in range(self.parts)
