@@ -36,23 +36,8 @@ report() {
     $(cd /tmp && ls -d runs/*/summary.json runs/*/log-rank*.txt runs/*/profile/breakdown-rank*.json 2>/dev/null)
 }
 
-if [ "$part" = a ]; then
-  NO_DALI=1 source bench/device_env.sh
-  nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader
-  setsid nohup bash bench/gpu_4x.sh pipe > $b/pipe.txt 2>&1 < /dev/null &
-  sleep 15; cat $b/pipe.txt; exit 0  # its imports done before the next call copies the tree
-fi
-if [ "$part" = b ]; then
-  bash /tmp/dali-stash/unpack.sh install && touch $b/DALI_READY
-  part=w
-fi
-if [ "$part" = w ]; then
-  while [ ! -e $b/PIPE_DONE ] && [ $SECONDS -lt 540 ]; do sleep 5; done
-  report
-  [ -e $b/PIPE_DONE ] && echo "pipe done" || echo "pipe still running: call w again"
-  exit 0
-fi
-[ "$part" = pipe ] || { echo "unknown part $part" >&2; exit 2; }
+source bench/visit.sh
+visit "$part" bench/gpu_4x.sh
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
 NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there

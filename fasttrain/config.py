@@ -48,6 +48,7 @@ class DataConfig:
     dali_pipelines: int = 1
     dali_prefetch: int = 4  # DALI's prefetch queue depth: batches decoded ahead of the step
     dali_handoff: str = "host"  # host: launch the step once its batch is decoded; stream: at once
+    dali_antialias: bool = True  # the train resize's antialiasing filter (off: NVIDIA's reference)
 
 
 @dataclass
@@ -243,6 +244,15 @@ OPTIONS: tuple[Option, ...] = (
         "decoded; stream launches it at once, ordered after the decode on the GPU, so the host "
         "never waits for the GPU. Measured within 0.6%% of host (BENCHMARKS.md)",
         choices=("host", "stream"),
+    ),
+    Option(
+        "--dali-antialias",
+        "data.dali_antialias",
+        bool,
+        "with --loader dali: the train resize's antialiasing filter, on by default (as "
+        "torchvision's resize, which always antialiases PIL images). --no-dali-antialias "
+        "resizes bilinearly without it, as NVIDIA's ResNet-50 reference pipeline does: less "
+        "GPU work beside the step",
     ),
     Option(
         "--dali-hw-decoder-load",
@@ -776,6 +786,13 @@ def resolve(
                 "--dali-handoff stream orders DALI's batches on a CUDA stream; this run has "
                 f"{'no GPU' if t.device != 'cuda' else f'--loader {d.loader}'}, so it does "
                 "not apply"
+            )
+    if not d.dali_antialias and d.loader != "dali":
+        d.dali_antialias = True  # recorded as what runs
+        if notes is not None:
+            notes.append(
+                f"--no-dali-antialias is the DALI loader's; --loader {d.loader} resizes with "
+                "antialiasing"
             )
     if d.path is not None:
         d.path = str(Path(d.path).expanduser())

@@ -227,6 +227,20 @@ def test_stream_hand_off_applies_to_dali_on_a_gpu_and_says_when_it_does_not():
         assert len(notes) == 1 and "--dali-handoff stream" in notes[0] and why in notes[0]
 
 
+def test_dali_antialias_is_on_by_default_and_turning_it_off_is_the_dali_loaders_alone():
+    def antialias(*flags):
+        notes = []
+        cfg = parse_args(["--data", "/d", *flags], True)[0]
+        resolve(cfg, cuda_available=True, dali_available=True, notes=notes)
+        return cfg.data.dali_antialias, notes
+
+    assert antialias() == (True, [])
+    assert antialias("--no-dali-antialias") == (False, [])
+    value, notes = antialias("--no-dali-antialias", "--loader", "torchvision")
+    assert value is True  # the saved config says what ran
+    assert len(notes) == 1 and "--no-dali-antialias" in notes[0] and "torchvision" in notes[0]
+
+
 def test_hw_decoder_load_is_a_fraction(tmp_path):
     with pytest.raises(UserError, match="--dali-hw-decoder-load must be at most 1"):
         parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)

@@ -263,6 +263,20 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines, prefe
     assert run.records(tmp_path / "whole", "val")[-1]["images"] == 100
 
 
+def test_no_dali_antialias_reaches_the_train_pipeline_and_the_saved_config(
+    run, tiny_data, tmp_path
+):
+    out = tmp_path / "run"
+    code, _ = run(
+        "--data", tiny_data, *FAST, "--loader", "dali", "--dali-threads", "2",
+        "--no-dali-antialias", "--epochs", "1", "--output-dir", out,
+    )  # fmt: skip
+    assert code == 0
+    log = (out / "log-rank0.txt").read_text()
+    assert "host hand-off, train resize without antialiasing)" in log
+    assert "dali_antialias: false" in (out / "config.yaml").read_text()
+
+
 def test_missing_dali_is_a_one_line_error_naming_the_extra(run, tiny_data, monkeypatch):
     import fasttrain.data.dali as dali
 

@@ -123,6 +123,7 @@ def build_data(
             buffers=accum_steps,
             state=loader_state,
             pipelines=cfg.dali_pipelines,
+            antialias=cfg.dali_antialias,
             **dali,
         )
         val = DaliLoader(ds.val, train=False, **dali)
@@ -130,7 +131,9 @@ def build_data(
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
             f"{cfg.dali_threads} threads, {cfg.dali_pipelines} train pipeline"
             f"{'s' if cfg.dali_pipelines > 1 else ''}, {cfg.dali_prefetch} batches ahead, "
-            f"{train.handoff} hand-off)"
+            f"{train.handoff} hand-off"
+            + ("" if cfg.dali_antialias else ", train resize without antialiasing")
+            + ")"
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
