@@ -126,17 +126,17 @@ def main() -> None:
 
     side = torch.cuda.Stream(dev)  # a non-default stream: no implicit sync with blocking streams
 
-    def rate(loader, epochs: int = args.epochs, stream: torch.cuda.Stream | None = None) -> float:
+    def rate(
+        loader, epochs: int = args.epochs, stream: torch.cuda.Stream | None = None
+    ) -> tuple[float, list[datetime]]:
+        """img/s over ``epochs`` after one untimed epoch, and the timed window (for --marks)."""
         with torch.cuda.stream(stream or torch.cuda.default_stream(dev)):
             epoch(loader, 0)
             torch.cuda.synchronize()
-            window[0], t = datetime.now(), time.perf_counter()
+            start, t = datetime.now(), time.perf_counter()
             images = sum(epoch(loader, e) for e in range(1, epochs + 1))
             torch.cuda.synchronize()
-            window[1] = datetime.now()
-        return images / (time.perf_counter() - t)
-
-    window = [datetime.now(), datetime.now()]  # the last timed window, for --marks
+        return images / (time.perf_counter() - t), [start, datetime.now()]
 
     def dali(**kw) -> DaliLoader:
         a: dict = dict(threads=8, hw_decoder_load=0.99, prefetch=2, handoff="host")
@@ -213,7 +213,7 @@ def main() -> None:
     for name, (make, stream) in variants.items():
         try:
             loader = make()
-            results[name] = rate(loader, stream=stream)
+            results[name], window = rate(loader, stream=stream)
         except Exception as e:  # a variant this DALI build refuses: say so, go on
             print(f"{name:48s} failed: {str(e).splitlines()[0][:200]}", flush=True)
             continue

@@ -24,12 +24,14 @@ run_on() {
 }
 export -f summary run_on; export b
 
-# sample_set 'SampleSpec(...)' SECONDS: build that sample set in the background ($b/SAMPLE when
-# done, its log in $b/sample.txt), and wait up to SECONDS for it: the next call copies the
-# working tree onto the machine again, so a job still importing fasttrain then can fail
+# sample_set 'SampleSpec(...)' [SECONDS]: build that sample set in the background ($b/SAMPLE when
+# done, its log in $b/sample.txt). With SECONDS, wait up to that long for it and print its last
+# line: a call that started it must not return while it imports fasttrain, since the next call
+# copies the working tree onto the machine again
 sample_set() {
   setsid nohup bash -c "python -c 'from fasttrain.data.sample import SampleSpec, build_sample as s
 s(\"/tmp/fasttrain-cache\", $1)' > $b/sample.txt 2>&1; touch $b/SAMPLE" > /dev/null 2>&1 < /dev/null &
+  [ -n "${2:-}" ] || return 0
   while [ ! -e $b/SAMPLE ] && [ $SECONDS -lt "$2" ]; do sleep 2; done
   tail -1 $b/sample.txt
 }

@@ -43,8 +43,7 @@ visit "$part" bench/gpu_4x.sh
 NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there
 limit=${PIPE_LIMIT:-1320}
 go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
-(python -c 'from fasttrain.data.sample import SampleSpec, build_sample as s
-s("/tmp/fasttrain-cache", SampleSpec(train_per_class=4000))' > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+sample_set 'SampleSpec(train_per_class=4000)'
 
 echo "$SECONDS s: phase 1, the write-up's table (eager, synthetic data, profiled)"
 eager=(--config configs/sample.yaml --loader synthetic --synthetic-steps 40 --num-classes 10

@@ -59,8 +59,7 @@ no=(--no-dali-antialias)
 
 echo "$SECONDS s: $gpus GPU(s); phase 1: sample set; GPU0 synthetic data, caches cold"
 rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
-(python -c 'from fasttrain.data.sample import SampleSpec, build_sample as s
-s("/tmp/fasttrain-cache", SampleSpec(train_per_class=2000))' > $b/sample.txt 2>&1; touch $b/SAMPLE) &
+sample_set 'SampleSpec(train_per_class=2000)'
 (run_on w-synth-cold-gpu0 0 "${syn[@]}"; touch $b/SYNTH) &
 
 wait_for $b/DALI_READY && wait_for $b/SAMPLE || { echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
