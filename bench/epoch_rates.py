@@ -7,6 +7,11 @@ The sample sets have 19-78 steps per epoch per GPU, so epoch starts weigh far mo
 ImageNet (5,004 steps per epoch at batch 256); the second figure is the one that carries over to
 long epochs, the first is what the sample run did. Both are printed, never one alone.
 
+Over the same in-epoch intervals, the wall time per step splits in two: the GPU time inside the
+step (the log's ``gpu_step_ms``, from CUDA events around each step) and the rest
+(``outside_step_ms``): the batch copy and the GPU waiting between steps, for a batch or for the
+host after a log step.
+
 Usage: python bench/epoch_rates.py RUN [RUN ...], each RUN a run's output directory or, where
 only that came back from the GPU machine, the text of its log (rank 0's, as printed). A run that
 failed (no summary.json) is reported as failed, and the rest still are.
@@ -21,15 +26,22 @@ from pathlib import Path
 
 from fasttrain.metrics import steady_rate
 
-LOG_LINE = re.compile(r"^epoch (\d+) step (\d+): .* ([\d,]+) img/s", re.M)
+LOG_LINE = re.compile(
+    r"^epoch (\d+) step (\d+): .* ([\d,]+) img/s(?:.* gpu ([\d.]+) ms/step)?", re.M
+)
 GLOBAL_BATCH = re.compile(r"global batch (\d+)")
 
 
 def records_from_log(text: str) -> tuple[list[dict], int]:
     """The train records and global batch from a run's printed log (img/s rounded as printed)."""
     train = [
-        {"epoch": int(e), "step": int(s), "img_per_s": float(r.replace(",", ""))}
-        for e, s, r in LOG_LINE.findall(text)
+        {
+            "epoch": int(e),
+            "step": int(s),
+            "img_per_s": float(r.replace(",", "")),
+            "gpu_step_ms": float(g) if g else None,
+        }
+        for e, s, r, g in LOG_LINE.findall(text)
     ]
     return train, int(GLOBAL_BATCH.findall(text)[-1])
 
@@ -41,18 +53,28 @@ def rates(run: Path) -> dict[str, float | int | None]:
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in records if r.get("kind") == "train" and r["img_per_s"]]
         batch = json.loads((run / "summary.json").read_text())["global_batch"]
-    intervals = []  # (epoch, images, seconds, began the epoch), as the trainer logged them
+    # (epoch, images, seconds, began the epoch, steps, GPU ms per step), as the trainer logged them
+    intervals = []
     for prev, r in zip([None, *train], train, strict=False):
-        images = (r["step"] - (prev["step"] if prev else 0)) * batch
+        steps = r["step"] - (prev["step"] if prev else 0)
         starts_epoch = prev is None or r["epoch"] != prev["epoch"]
-        intervals.append((r["epoch"], images, images / r["img_per_s"], starts_epoch))
+        images = steps * batch
+        gpu = r.get("gpu_step_ms")
+        intervals.append((r["epoch"], images, images / r["img_per_s"], starts_epoch, steps, gpu))
     # the steady intervals less the one that began each epoch
     later = [iv for iv in intervals if iv[0] > intervals[0][0] and not iv[3]]
     seconds = sum(iv[2] for iv in later)
+    steps = sum(iv[4] for iv in later)
+    timed = [iv for iv in later if iv[5] is not None]
+    wall_ms = 1e3 * seconds / steps if steps else None
+    gpu_ms = sum(iv[5] * iv[4] for iv in timed) / sum(iv[4] for iv in timed) if timed else None
     return {
         "steady_img_per_s": steady_rate([iv[:3] for iv in intervals]),
         "in_epoch_img_per_s": sum(iv[1] for iv in later) / seconds if seconds else None,
         "global_batch": batch,
+        "wall_ms_per_step": wall_ms,
+        "gpu_step_ms": gpu_ms,
+        "outside_step_ms": wall_ms - gpu_ms if timed and len(timed) == len(later) else None,
     }
 
 

@@ -104,6 +104,7 @@ class RunConfig:
     name: str | None = None
     resume: str | None = None
     log_every: int = 50
+    log_sync: bool = False  # read each log step's metrics at once, with a host sync
     eval_every: int = 1
     ckpt_every_steps: int = 0
     keep_checkpoints: int = 3
@@ -534,8 +535,17 @@ OPTIONS: tuple[Option, ...] = (
         "--log-every",
         "run.log_every",
         int,
-        "optimizer steps between metric flushes (the only host syncs of the steady state)",
+        "optimizer steps between log steps. A log step reads the interval before it, whose "
+        "work is done, so it never waits for the GPU: each log line comes one interval late",
         minimum=1,
+    ),
+    Option(
+        "--log-sync",
+        "run.log_sync",
+        bool,
+        "read each log step's metrics at once, as torchvision's reference script does: the log "
+        "line comes without delay, but every log step waits for the GPU to finish its queue "
+        "(a host sync; the simple reference for the default)",
     ),
     Option(
         "--eval-every", "run.eval_every", int, "epochs between evaluations (0: never)", minimum=0

@@ -1,8 +1,13 @@
-"""Metrics: device-side accumulators, flushed every ``--log-every`` steps to the progress bar,
+"""Metrics: device-side accumulators, read every ``--log-every`` steps into the progress bar,
 TensorBoard (``<run>/tb``) and ``metrics.jsonl``.
 
-The flush is the one host sync of the steady state. Throughput is images over the wall time between
-two flushes; both ends are synchronised, so the figure is what the GPU actually did.
+A log step does not wait for the GPU. It enqueues the interval's totals (all-reduced over ranks,
+with each rank's stop request) into pinned host memory behind a CUDA event, and reads the
+interval before it, whose event is ``--log-every`` steps old and long complete. So every log
+line comes one interval late, and the steady state has no host sync at all. Throughput is
+images over the time between two log steps' events on the training stream: what the GPU did,
+its idle time included. ``--log-sync`` is the simple reference: read at once, with a host sync
+(the GPU drains at every log step), timed on the host clock between two synchronised reads.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +25,33 @@ import torch
 from tqdm import tqdm
 
 from fasttrain.distributed import DistState
+from fasttrain.profiling import StepTimer
 
 log = logging.getLogger("fasttrain")
+
+
+class Reading:
+    """An interval's totals over ranks, on their way to the host: ``values()`` waits for them
+    (at once when read an interval later, their copy long done)."""
+
+    def __init__(self, values: torch.Tensor, samples: int):
+        self.samples = samples  # over all ranks, counted on the host
+        self.event = None
+        if values.is_cuda:  # copied without waiting; the event says when it has landed
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = values
+
+    def values(self) -> tuple[float, float, int, int]:
+        """(mean loss, top-1 %, non-finite losses, ranks that asked to stop)."""
+        if self.event is not None:
+            self.event.synchronize()
+        loss_sum, correct, nonfinite, stops = self.host.tolist()
+        n = max(self.samples, 1)
+        return loss_sum / n, 100.0 * correct / n, int(nonfinite), int(stops)
 
 
 class DeviceMeter:
@@ -29,7 +60,6 @@ class DeviceMeter:
     def __init__(self, device: torch.device, dist: DistState | None = None):
         self.dist = dist
         self.sums = torch.zeros(3, device=device)  # loss x n, correct, non-finite losses
-        self.nonfinite = 0  # non-finite losses in the last flushed interval, over all ranks
         self.samples = 0  # this rank's, known on the host: no need to count it on the device
 
     def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
@@ -38,19 +68,58 @@ class DeviceMeter:
         bad = (~torch.isfinite(loss)).float()
         self.sums += torch.stack((loss.float() * n, correct.float(), bad))
 
-    def flush(self) -> tuple[float, float, int]:
-        """(mean loss, top-1 %, samples) since the last flush, over all ranks: the one all-reduce
-        and the one host sync of a log step."""
+    def collect(self, stop: bool = False) -> Reading:
+        """The totals since the last collect, over all ranks, with how many ranks ``stop``:
+        the one all-reduce of a log step, enqueued, not waited for. Starts a new interval."""
+        values = torch.empty(4, device=self.sums.device)
+        values[:3].copy_(self.sums)
+        values[3].fill_(float(stop))  # a kernel argument: no host-to-device copy
         world = 1
         if self.dist is not None:
-            self.dist.all_reduce_(self.sums, what="the all_reduce of the metrics at a log step")
+            self.dist.all_reduce_(values, what="the all_reduce of the metrics at a log step")
             world = self.dist.world_size
-        loss_sum, correct, nonfinite = self.sums.tolist()
-        self.nonfinite = int(nonfinite)
-        n = self.samples * world
+        reading = Reading(values, self.samples * world)
         self.sums.zero_()
         self.samples = 0
-        return loss_sum / max(n, 1), 100.0 * correct / max(n, 1), n
+        return reading
+
+    def flush(self) -> tuple[float, float, int]:
+        """(mean loss, top-1 %, samples) since the last flush, over all ranks, read at once:
+        a host sync (tests and benchmarks; the trainer reads an interval late)."""
+        reading = self.collect()
+        loss, top1, _, _ = reading.values()
+        return loss, top1, reading.samples
+
+
+class _Clock:
+    """Interval marks: CUDA events on the training stream on a GPU, read once complete, so that
+    marking never waits; on the CPU the host clock (work is done when its call returns)."""
+
+    def __init__(self, device: torch.device, host: bool):
+        self.events = device.type == "cuda" and not host
+
+    def mark(self) -> torch.cuda.Event | float:
+        if not self.events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
+        """Between two marks; on a GPU, once the interval's reading has landed (``end`` was
+        recorded just after its copy, so this wait is as short)."""
+        if self.events:
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+
+@dataclass
+class Logged:
+    """A log step's record as written, and whether the ranks asked to stop in its interval."""
+
+    record: dict[str, Any]
+    stop: bool
 
 
 def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
@@ -71,7 +140,8 @@ def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
 
 
 class Metrics:
-    """Owns the progress bar, TensorBoard writer and JSONL file (main process only)."""
+    """Owns the progress bar, TensorBoard writer and JSONL file (main process only), and the
+    log steps' timing: one interval in flight between log steps (module notes)."""
 
     def __init__(
         self,
@@ -82,11 +152,16 @@ class Metrics:
         start_step: int,
         world_size: int,
         device: torch.device,
+        sync: bool = False,
     ):
+        """``sync``: read each log step's interval at once, with a host sync (``--log-sync``)."""
         self.is_main = is_main
         self.world_size = world_size
         self.device = device
+        self.sync = sync
+        self.clock = _Clock(device, host=sync)
         self.intervals: list[tuple[int, int, float]] = []  # (epoch, images, seconds)
+        self.pending: dict[str, Any] | None = None  # the interval read at the next log step
         self.writer = None
         self.jsonl = None
         self.bar = None
@@ -106,9 +181,10 @@ class Metrics:
             )
         self.restart_interval()
 
-    def restart_interval(self) -> None:
-        """Start a new timing interval (after compile, eval or a checkpoint: they are not steps)."""
-        self.t0 = time.perf_counter()
+    def restart_interval(self, start: torch.cuda.Event | float | None = None) -> None:
+        """Start a new timing interval: after compile, eval or a checkpoint (they are not
+        steps), or at ``start``, the mark that ended the interval before."""
+        self.t0 = self.clock.mark() if start is None else start
         self.images = 0
         self.data_wait = 0.0
         self.steps = 0
@@ -130,34 +206,73 @@ class Metrics:
             self.writer.add_scalar(tag, value, step)
 
     def log_train(
-        self, step: int, epoch: int, meter: DeviceMeter, lr: float, timer=None
-    ) -> dict[str, Any]:
-        loss, top1, _ = meter.flush()  # syncs: the interval's work is now finished
-        gpu_ms = timer.read_ms() if timer is not None else None  # its events are done too
-        elapsed = time.perf_counter() - self.t0
-        rate = self.images / elapsed if elapsed > 0 else 0.0
-        self.intervals.append((epoch, self.images, elapsed))
-        record = {
-            "kind": "train",
+        self,
+        step: int,
+        epoch: int,
+        meter: DeviceMeter,
+        lr: float,
+        timer=None,
+        stop: bool = False,
+    ) -> list[Logged]:
+        """A log step: close this interval (its totals over ranks, with this rank's ``stop``
+        request) and write what is known: the interval before, read now that it has landed, or
+        with ``sync`` this one, after a host sync."""
+        reading = meter.collect(stop)
+        if self.sync:
+            reading.values()  # the host sync: this interval's work is done
+        end = self.clock.mark()  # after the reading's copy: the reading's event covers both
+        interval = {
             "step": step,
             "epoch": epoch,
-            "loss": loss,
-            "nonfinite_losses": meter.nonfinite,
-            "top1": top1,
             "lr": lr,
+            "reading": reading,
+            "start": self.t0,
+            "end": end,
+            "images": self.images,
+            "data_wait": self.data_wait,
+            "steps": self.steps,
+            "timed_steps": timer.take() if timer is not None else [],
+            "peak_mem_gib": peak_memory_gib(self.device),
+        }
+        logged = self.settle()  # the interval before: its events are an interval old
+        self.pending = interval
+        if self.sync:
+            logged += self.settle()
+        self.restart_interval(start=end)
+        return logged
+
+    def settle(self) -> list[Logged]:
+        """Read and write the interval in flight, if any (waiting for it: a host sync when it
+        is the one just closed). Before a checkpoint, an evaluation and at the end."""
+        if self.pending is None:
+            return []
+        iv, self.pending = self.pending, None
+        loss, top1, nonfinite, stops = iv["reading"].values()  # the interval's work is done
+        elapsed = self.clock.seconds(iv["start"], iv["end"])
+        rate = iv["images"] / elapsed if elapsed > 0 else 0.0
+        self.intervals.append((iv["epoch"], iv["images"], elapsed))
+        gpu_ms = StepTimer.mean_ms(iv["timed_steps"])
+        record = {
+            "kind": "train",
+            "step": iv["step"],
+            "epoch": iv["epoch"],
+            "loss": loss,
+            "nonfinite_losses": nonfinite,
+            "top1": top1,
+            "lr": iv["lr"],
             "img_per_s": rate,
             "img_per_s_per_gpu": rate / self.world_size,
-            "data_wait_frac": self.data_wait / elapsed if elapsed > 0 else 0.0,
-            "data_wait_ms": 1e3 * self.data_wait / max(self.steps, 1),
+            "data_wait_frac": iv["data_wait"] / elapsed if elapsed > 0 else 0.0,
+            "data_wait_ms": 1e3 * iv["data_wait"] / max(iv["steps"], 1),
             "gpu_step_ms": gpu_ms,
-            "peak_mem_gib": peak_memory_gib(self.device),
+            "peak_mem_gib": iv["peak_mem_gib"],
         }
         self._emit(
             record,
             {
                 "train/loss": loss,
                 "train/top1": top1,
-                "train/lr": lr,
+                "train/lr": iv["lr"],
                 "perf/img_per_s": rate,
                 "perf/img_per_s_per_gpu": record["img_per_s_per_gpu"],
                 "perf/data_wait_frac": record["data_wait_frac"],
@@ -165,23 +280,30 @@ class Metrics:
                 **({"perf/gpu_step_ms": gpu_ms} if gpu_ms is not None else {}),
                 "perf/peak_mem_gib": record["peak_mem_gib"],
             },
-            step,
+            iv["step"],
         )
         gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
         line = (
-            f"epoch {epoch} step {step}: loss {loss:.4f} top1 {top1:.1f}% lr {lr:.4g} "
-            f"{rate:,.0f} img/s data-wait {100 * record['data_wait_frac']:.0f}%{gpu}"
+            f"epoch {iv['epoch']} step {iv['step']}: loss {loss:.4f} top1 {top1:.1f}% "
+            f"lr {iv['lr']:.4g} {rate:,.0f} img/s data-wait "
+            f"{100 * record['data_wait_frac']:.0f}%{gpu}"
         )
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(
-                f"loss {loss:.3f} lr {lr:.3g} {rate:,.0f} img/s "
+                f"loss {loss:.3f} lr {iv['lr']:.3g} {rate:,.0f} img/s "
                 f"wait {record['data_wait_ms']:.1f} ms{gpu}"
             )
             log.debug(line)
         else:
             log.info(line)
-        self.restart_interval()
-        return record
+        return [Logged(record, stops > 0)]
+
+    def discard_pending(self) -> int | None:
+        """Drop the interval in flight unread (its steps trained on weights just replaced);
+        returns its step, if there was one."""
+        step = self.pending["step"] if self.pending is not None else None
+        self.pending = None
+        return step
 
     def log_profile(self, step: int, mean_ms: dict[str, float]) -> None:
         """The profiled steps' mean breakdown as TensorBoard scalars (main process)."""

@@ -113,7 +113,8 @@ def span(name: str) -> Iterator[None]:
 
 
 class StepTimer:
-    """GPU time of each step, from CUDA events around it; summed when read at a log step."""
+    """GPU time of each step, from CUDA events around it; averaged when a log step's interval is
+    read."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -130,11 +131,15 @@ class StepTimer:
         end.record()
         self.pairs.append((start, end))
 
-    def read_ms(self) -> float | None:
-        """Mean GPU ms per step since the last read. Call after a sync (the log step's)."""
-        if not self.pairs:
+    def take(self) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+        """The event pairs of the steps since the last take, for ``mean_ms`` once they are done
+        (a log step reads its interval an interval later)."""
+        pairs, self.pairs = self.pairs, []
+        return pairs
+
+    @staticmethod
+    def mean_ms(pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> float | None:
+        """Mean GPU ms per step of ``pairs``, whose end events have completed."""
+        if not pairs:
             return None
-        total = sum(s.elapsed_time(e) for s, e in self.pairs)
-        n = len(self.pairs)
-        self.pairs = []
-        return total / n
+        return sum(s.elapsed_time(e) for s, e in pairs) / len(pairs)

@@ -179,6 +179,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         start_step=step,
         world_size=gpus,
         device=dist.device,
+        sync=r.log_sync,
     )
     meter = DeviceMeter(dist.device, dist)
     timer = StepTimer(dist.device)
@@ -200,6 +201,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         """``loader_state=False``: the loader has run past ``step`` (an OOM mid-step); the
         resumed run then restarts the reader within the epoch instead."""
         nonlocal saved_step
+        check(metrics.settle(), step)  # a non-finite interval in flight is never saved
         if saved_step != step:
             agree_on_bn_statistics(step)  # one model on every rank, before it is saved
             loader_states = dist.all_gather_object(  # DALI's reader states, one per rank
@@ -226,26 +228,38 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     last_finite: dict[str, float] = {}
     logged_step = step
 
-    def log_interval(step: int, epoch: int, lr: float) -> None:
-        """The log step: metrics, and what to do about a non-finite loss in the interval."""
+    def check(logged: list, now: int) -> bool:
+        """What to do about a non-finite loss in the intervals just read; whether the ranks
+        asked to stop in them."""
         nonlocal logged_step
-        record = metrics.log_train(step, epoch, meter, lr, timer)
-        if record["nonfinite_losses"] == 0:
-            last_finite.update(step=step, loss=record["loss"])
-        else:
-            _on_nonfinite(
-                t.on_nan,
-                record,
-                logged_step,
-                last_finite,
-                run_dir,
-                cfg,
-                dist,
-                model,
-                optimizer,
-                scaler,
-            )
-        logged_step = step
+        for entry in logged:
+            record = entry.record
+            if record["nonfinite_losses"] == 0:
+                last_finite.update(step=record["step"], loss=record["loss"])
+            else:
+                _on_nonfinite(
+                    t.on_nan,
+                    record,
+                    logged_step,
+                    now,
+                    last_finite,
+                    run_dir,
+                    cfg,
+                    dist,
+                    model,
+                    optimizer,
+                    scaler,
+                )
+                dropped = metrics.discard_pending()  # trained on the weights just replaced
+                if dropped is not None:
+                    log.info("metrics of the steps up to %d dropped: restored weights", dropped)
+            logged_step = record["step"]
+        return any(entry.stop for entry in logged)
+
+    def log_interval(step: int, epoch: int, lr: float) -> bool:
+        """The log step: the metrics (an interval late, unless --log-sync), and what to do
+        about a non-finite loss; whether the ranks agreed to stop."""
+        return check(metrics.log_train(step, epoch, meter, lr, timer, stop.requested), step)
 
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step
@@ -293,25 +307,24 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                         summary["first_step_s"],
                     )
                     metrics.restart_interval()
-                if step % r.log_every == 0:
-                    log_interval(step, epoch, lr)
+                agreed = step % r.log_every == 0 and log_interval(step, epoch, lr)
                 if r.ckpt_every_steps and step % r.ckpt_every_steps == 0:
                     save(step)
-                # one process stops after this step; several agree at log steps (a collective)
-                if not dist.distributed:
-                    stopped = stop.requested
-                elif step % r.log_every == 0:
-                    stopped = dist.any(stop.requested, "the all_reduce of the stop flag")
+                # one process stops after this step; several when a log step reads a request
+                # from any of them (it travels with the metrics' all-reduce)
+                stopped = stop.requested if not dist.distributed else agreed
                 if stopped or step >= total_steps:
                     break
             if stopped:
                 break
-            if meter.samples:
-                log_interval(step, epoch, lr)
+            if meter.samples and log_interval(step, epoch, lr):
+                stopped = True  # the ranks agreed at the epoch's last log step
             if step % steps_per_epoch == 0:  # the epoch is complete
-                if evaluator is not None and (epoch + 1) % r.eval_every == 0:
+                if evaluator is not None and (epoch + 1) % r.eval_every == 0 and not stopped:
                     evaluate(step, epoch)
                 save(step)
+            if stopped:
+                break
         if evaluator is not None and eval_step != step and not stopped:
             evaluate(step, step // steps_per_epoch)
         save(step)
@@ -325,7 +338,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 run_dir,
             )
     except torch.cuda.OutOfMemoryError:
-        kept = _checkpoint_after_oom(save, step, saved_step, meter, dist)
+        kept = _checkpoint_after_oom(save, step, saved_step, meter, metrics, dist)
         raise OutOfMemory(
             f"out of GPU memory at --batch-size {t.batch_size} ({cfg.model.arch}, "
             f"{cfg.data.image_size} px, amp {t.amp}): lower --batch-size, and raise --accum-steps "
@@ -431,7 +444,9 @@ def _save(
     log.debug("saved %s", path)
 
 
-def _checkpoint_after_oom(save, step: int, saved_step: int, meter: DeviceMeter, dist) -> str:
+def _checkpoint_after_oom(
+    save, step: int, saved_step: int, meter: DeviceMeter, metrics: Metrics, dist
+) -> str:
     """After an OOM the weights are those of the last completed step (the failed step never
     reached the optimizer), so they are saved, in one process; what happened, in words."""
     if dist.distributed:
@@ -441,7 +456,9 @@ def _checkpoint_after_oom(save, step: int, saved_step: int, meter: DeviceMeter, 
     if dist.device.type == "cuda":
         torch.cuda.empty_cache()
     try:
-        if meter.sums[2].item() > 0:  # a non-finite loss since the last log step: keep out
+        # a non-finite loss in the interval in flight or since the last log step: keep out
+        in_flight = any(e.record["nonfinite_losses"] for e in metrics.settle())
+        if in_flight or meter.sums[2].item() > 0:
             return "no checkpoint written (the loss was not finite)"
         save(step, loader_state=False)
     except Exception as e:
@@ -450,7 +467,7 @@ def _checkpoint_after_oom(save, step: int, saved_step: int, meter: DeviceMeter, 
 
 
 def _on_nonfinite(
-    policy, record, since, last_finite, run_dir, cfg, dist, model, optimizer, scaler
+    policy, record, since, now, last_finite, run_dir, cfg, dist, model, optimizer, scaler
 ) -> None:
     """``--on-nan stop``: a diagnostic file and exit 3, without checkpointing the bad weights.
     ``--on-nan skip``: restore the newest checkpoint in place (the CUDA graph keeps reading the
@@ -486,7 +503,7 @@ def _on_nonfinite(
         record["step"],
         path,
         state["step"],
-        record["step"],
+        now,
     )
 
 

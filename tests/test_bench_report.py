@@ -61,7 +61,8 @@ def test_table_and_chart(tmp_path, monkeypatch, capsys):
 
 def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_path):
     """bench/epoch_rates.py on a hand-made run: batch 100, epochs of 20 steps logged every 10;
-    the interval that begins each epoch takes 2 s, the others 1 s."""
+    the interval that begins each epoch takes 2 s, the others 1 s (95 ms per step of it inside
+    the step: 5 ms outside)."""
     spec = importlib.util.spec_from_file_location(
         "epoch_rates", Path(__file__).parent.parent / "bench" / "epoch_rates.py"
     )
@@ -71,7 +72,16 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
     for step in range(10, 61, 10):
         epoch = (step - 1) // 20
         seconds = 2.0 if step % 20 == 10 else 1.0
-        lines.append({"kind": "train", "step": step, "epoch": epoch, "img_per_s": 1000 / seconds})
+        gpu = 150.0 if step % 20 == 10 else 95.0
+        lines.append(
+            {
+                "kind": "train",
+                "step": step,
+                "epoch": epoch,
+                "img_per_s": 1000 / seconds,
+                "gpu_step_ms": gpu,
+            }
+        )
     lines.insert(3, {"kind": "val", "step": 20, "epoch": 0, "top1": 50.0})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
     (tmp_path / "summary.json").write_text(json.dumps({"global_batch": 100}))
@@ -79,13 +89,17 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
     # epochs 1 and 2: two epoch starts (2 s each) and two in-epoch intervals (1 s each)
     assert got["steady_img_per_s"] == pytest.approx(4000 / 6)
     assert got["in_epoch_img_per_s"] == pytest.approx(1000.0)
+    # the in-epoch intervals' 100 ms per step: 95 inside the step, 5 outside
+    assert got["wall_ms_per_step"] == pytest.approx(100.0)
+    assert got["gpu_step_ms"] == pytest.approx(95.0)
+    assert got["outside_step_ms"] == pytest.approx(5.0)
     # the same run as its printed log: the trainer's line format, the same figures
     log = tmp_path / "run.txt"
     log.write_text(
         "device cuda:0, amp bf16 | global batch 100 (100 per GPU x 1 GPU(s) x 1 accum) | x\n"
         + "".join(
             f"epoch {r['epoch']} step {r['step']}: loss 0.5 top1 90.0% lr 0.1 "
-            f"{r['img_per_s']:,.0f} img/s data-wait 0% gpu 35.0 ms/step\n"
+            f"{r['img_per_s']:,.0f} img/s data-wait 0% gpu {r['gpu_step_ms']:.1f} ms/step\n"
             for r in lines
             if r["kind"] == "train"
         )

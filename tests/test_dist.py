@@ -153,6 +153,32 @@ def test_a_hung_rank_is_an_error_naming_the_rank_and_the_collective(tmp_path):
     assert time.perf_counter() - t < 60
 
 
+def _stop_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    dist = DistState.from_env("cpu", timeout_s=60)
+    meter = DeviceMeter(torch.device("cpu"), dist)
+    meter.add_device(torch.tensor(float(rank + 1)), torch.tensor(float(rank)), 4)
+    meter.samples += 4
+    reading = meter.collect(stop=rank == 1)  # only rank 1 was asked to stop
+    Path(out).with_suffix(f".{rank}").write_text(json.dumps([*reading.values(), reading.samples]))
+
+
+def test_a_stop_request_on_one_rank_reaches_every_rank_with_the_metrics(tmp_path):
+    """One all-reduce at a log step carries the metrics and the ranks' stop requests: every
+    rank reads the same totals, and that one rank asked to stop."""
+    out = tmp_path / "reading"
+    mp.spawn(_stop_worker, args=(free_port(), str(out)), nprocs=2, join=True)
+    got = [json.loads(out.with_suffix(f".{rank}").read_text()) for rank in (0, 1)]
+    # loss sums 4 x 1 + 4 x 2 over 8 samples; 1 correct of 8; no non-finite loss; one stop
+    assert got[0] == got[1] == [1.5, 12.5, 0, 1, 8]
+
+
 def launch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fasttrain", *map(str, argv)],

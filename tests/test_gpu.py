@@ -10,7 +10,7 @@ from torch import nn
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
 from fasttrain.evaluate import Evaluator
-from fasttrain.metrics import DeviceMeter
+from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.step import GraphedStep, build_step
@@ -279,6 +279,39 @@ def test_steady_state_steps_do_not_sync(kind):
         torch.cuda.set_sync_debug_mode(0)
     loss, top1, n = meter.flush()  # the log step: the one sync
     assert n == 25 * BATCH and loss == loss and 0 <= top1 <= 100
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["default", "log-sync"])
+def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
+    """A log step returns while the GPU still runs the steps before it (a 25 ms spin here), and
+    without a stream sync; ``--log-sync`` waits for them. Each interval is timed on the GPU:
+    at least its spin."""
+    metrics = Metrics(
+        tmp_path, is_main=True, total_steps=4, start_step=0, world_size=1, device=DEV, sync=sync
+    )
+    meter = DeviceMeter(DEV)
+    loss, correct = torch.tensor(2.0, device=DEV), torch.tensor(8.0, device=DEV)
+    busy = torch.cuda.Event()
+    logged = []
+    torch.cuda.synchronize()
+    for step in range(1, 5):
+        meter.add_device(loss, correct, BATCH)
+        meter.samples += BATCH
+        metrics.step_done(BATCH, 0.0)
+        torch.cuda._sleep(50_000_000)  # about 25 ms at the H200's clock
+        busy.record()
+        torch.cuda.set_sync_debug_mode(0 if sync else "error")
+        try:
+            logged += metrics.log_train(step, 0, meter, 0.1)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert busy.query() == sync, f"step {step}"
+    logged += metrics.settle()
+    metrics.close()
+    assert [e.record["step"] for e in logged] == [1, 2, 3, 4]
+    for e in logged:
+        assert e.record["loss"] == 2.0 and e.record["top1"] == 25.0 and not e.stop
+        assert 0 < e.record["img_per_s"] < BATCH / 0.02  # each interval holds its spin
 
 
 def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():

@@ -11,7 +11,7 @@ from torch import nn
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.data.folder import scan_folder
-from fasttrain.metrics import DeviceMeter
+from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.model import build_model
 from fasttrain.step import build_step
 from tests.conftest import (
@@ -83,6 +83,70 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state["model"])
     assert state["loader"] == {"epoch": 6, "start_batch": 0, "steps_per_epoch": 12}
     assert state["world_size"] == 1 and state["global_batch"] == 16
+
+
+def test_a_log_step_writes_the_interval_before_it_and_log_sync_writes_its_own(tmp_path):
+    """Metrics on the CPU, three intervals of 10 steps (loss = the step, 2 of 4 correct, a stop
+    request in the second): by default each log step writes the interval before it and
+    ``settle`` the last; with ``sync`` each its own. The same records either way."""
+    cpu = torch.device("cpu")
+    written, records = {}, {}
+    for sync in (False, True):
+        out = tmp_path / f"sync-{sync}"
+        out.mkdir()
+        metrics = Metrics(
+            out, is_main=True, total_steps=30, start_step=0, world_size=1, device=cpu, sync=sync
+        )
+        meter = DeviceMeter(cpu)
+        written[sync] = []
+        for step in range(1, 31):
+            meter.add_device(torch.tensor(float(step)), torch.tensor(2.0), 4)
+            meter.samples += 4
+            metrics.step_done(4, 0.0)
+            if step % 10 == 0:
+                logged = metrics.log_train(step, 0, meter, 0.1, stop=step == 20)
+                written[sync].append([(e.record["step"], e.stop) for e in logged])
+        written[sync].append([(e.record["step"], e.stop) for e in metrics.settle()])
+        metrics.close()
+        records[sync] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert written[False] == [[], [(10, False)], [(20, True)], [(30, False)]]
+    assert written[True] == [[(10, False)], [(20, True)], [(30, False)], []]
+    for sync in (False, True):
+        assert [(r["step"], r["loss"], r["top1"]) for r in records[sync]] == [
+            (10, 5.5, 50.0),
+            (20, 15.5, 50.0),
+            (30, 25.5, 50.0),
+        ]
+        assert all(r["img_per_s"] > 0 and r["nonfinite_losses"] == 0 for r in records[sync])
+    # an interval in flight can be dropped unread (--on-nan skip after a restore)
+    out = tmp_path / "dropped"
+    out.mkdir()
+    metrics = Metrics(out, is_main=True, total_steps=2, start_step=0, world_size=1, device=cpu)
+    meter = DeviceMeter(cpu)
+    meter.add_device(torch.tensor(1.0), torch.tensor(1.0), 4)
+    meter.samples += 4
+    assert metrics.log_train(1, 0, meter, 0.1) == []
+    assert metrics.discard_pending() == 1 and metrics.settle() == []
+    metrics.close()
+    assert (out / "metrics.jsonl").read_text() == ""
+
+
+def test_log_sync_trains_and_logs_what_the_default_does(run, tiny_data, tmp_path):
+    """The simple reference beside the default's late reads: the same losses, step by step."""
+    got = {}
+    for flag in ((), ("--log-sync",)):
+        out = tmp_path / ("sync" if flag else "late")
+        code, err = run(
+            "--data", tiny_data, *FAST, "--max-steps", "12", "--log-every", "4",
+            "--eval-every", "0", *flag, "--output-dir", out,
+        )  # fmt: skip
+        assert code == 0, err
+        got[flag] = [
+            (r["step"], r["epoch"], r["loss"], r["top1"], r["lr"])
+            for r in run.records(out, "train")
+        ]
+    assert [r[0] for r in got[()]] == [4, 8, 12]
+    assert got[()] == got[("--log-sync",)]
 
 
 def flat(model) -> torch.Tensor:
