@@ -23,8 +23,9 @@
 # GPU0's 1-GPU references.
 # Why: the eighth session ruled out stream priority and the SM clock as the cause of DALI's 3%;
 # what is left is DALI's own GPU work beside the step, so the lever is doing less of it.
-# Not yet run; its sequencing was checked with stub commands. PIPE_LIMIT (default 1,140 s
-# after call 1) stops `pipe` starting runs after that long.
+# Ran in the ninth session at `d0d050a` (BENCHMARKS.md); its limit skipped the last DDP run and
+# GPU 0's references, which one more call ran by hand. PIPE_LIMIT (default 1,140 s after call 1)
+# stops `pipe` starting runs after that long.
 set -uo pipefail
 part=${1:?a, b, w or pipe}
 out=${OUT:-gpu-out}; mkdir -p "$out"

@@ -253,7 +253,7 @@ OPTIONS: tuple[Option, ...] = (
         "with --loader dali: the train resize's antialiasing filter, on by default (as "
         "torchvision's resize, which always antialiases PIL images). --no-dali-antialias "
         "resizes bilinearly without it, as NVIDIA's ResNet-50 reference pipeline does: less "
-        "GPU work beside the step",
+        "GPU work beside the step (0.12 ms per step on an H200; end to end within noise)",
     ),
     Option(
         "--dali-hw-decoder-load",

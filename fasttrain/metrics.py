@@ -45,6 +45,10 @@ class Reading:
         else:
             self.host = values
 
+    def landed(self) -> bool:
+        """Whether ``values()`` would return without waiting."""
+        return self.event is None or self.event.query()
+
     def values(self) -> tuple[float, float, int, int]:
         """(mean loss, top-1 %, non-finite losses, ranks that asked to stop)."""
         if self.event is not None:
@@ -104,6 +108,9 @@ class _Clock:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+    def landed(self, mark: torch.cuda.Event | float) -> bool:
+        return not self.events or mark.query()
 
     def seconds(self, start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
         """Between two marks; on a GPU, once the interval's reading has landed (``end`` was
@@ -241,10 +248,15 @@ class Metrics:
         self.restart_interval(start=end)
         return logged
 
-    def settle(self) -> list[Logged]:
+    def settle(self, only_if_landed: bool = False) -> list[Logged]:
         """Read and write the interval in flight, if any (waiting for it: a host sync when it
-        is the one just closed). Before a checkpoint, an evaluation and at the end."""
+        is the one just closed): before a checkpoint and at the end. ``only_if_landed``: not if
+        that would wait (after a fault, when the GPU or a collective may never finish)."""
         if self.pending is None:
+            return []
+        if only_if_landed and not (
+            self.pending["reading"].landed() and self.clock.landed(self.pending["end"])
+        ):
             return []
         iv, self.pending = self.pending, None
         loss, top1, nonfinite, stops = iv["reading"].values()  # the interval's work is done

@@ -346,6 +346,11 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         ) from None
     finally:
         stop.uninstall()
+        if metrics.pending is not None:  # after a fault: the last interval, if it landed
+            try:
+                metrics.settle(only_if_landed=True)
+            except Exception as e:  # the fault being raised is the one to report
+                log.debug("the last log interval could not be read: %s", e)
         profiler.stop()
         if profiler.enabled:
             summary["profile"] = _report_profile(profiler, metrics, step, dist)

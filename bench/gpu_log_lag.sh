@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Whether log steps that read the interval before them (the default since `bbd23be`) take back
+# the GPU's idle time between steps that the ninth session found beside DALI: 0.4-0.7 ms per step
+# on one GPU and 0.9-1.1 under DDP, against 0.06 with synthetic data (BENCHMARKS.md, ninth
+# session). `--log-sync` is the old synchronous read, run side by side as the reference.
+# Kind nvidia-h200-x2 (the pairs need both GPUs). One visit of back-to-back calls
+# (docs/GPU-MACHINE.md):
+#   call 1, carrying .dali/p0, .dali/w, .dali/unpack.sh:
+#       bash .dali/unpack.sh stash > /dev/null && bash bench/gpu_log_lag.sh a
+#   calls 2 and 3, carrying .dali/p1, then .dali/p2:  cp .dali/pN /tmp/dali-stash/
+#   call 4, carrying .dali/p3:  cp .dali/p3 /tmp/dali-stash/ && bash bench/gpu_log_lag.sh b
+#   then:  bash bench/gpu_log_lag.sh w   until it prints "pipe done"
+# pipe, phase 1 (no DALI needed): the 20,000-image sample set; GPU 0 the defaults on synthetic
+# data, inductor's caches cold. Phase 2 (DALI ready): GPU 1 the 1-GPU DDP references
+# (`default` mode) while GPU 0 compiles; then the CLI's defaults with DALI side by side on the
+# two GPUs and swapped: the default against --log-sync, then DALI against synthetic data; DDP
+# with DALI (`default` mode) by default and with --log-sync, twice each; GPU 0's references;
+# last, if time is left, DALI's prefetch depth 6 against 4 (the late batches that remain).
+# Expected: DALI's cost down from 3.0-3.2% by up to 1% (the between-step idle that log syncs
+# cause), DDP's per-GPU scaling up by up to 1%. Sequencing checked with stub commands only.
+# PIPE_LIMIT (default 1,260 s after call 1) stops `pipe` starting runs after that long.
+set -uo pipefail
+part=${1:?a, b, w or pipe}
+out=${OUT:-gpu-out}; mkdir -p "$out"
+b=/tmp/bench; mkdir -p $b
+big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
+
+report() {
+  cat $b/pipe.txt 2>/dev/null
+  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
+    2>/dev/null | cut -c1-220 | head -40
+  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-300 $b/epoch_rates.jsonl
+  tar -czf "$out/log-lag.tar.gz" -C /tmp bench \
+    $(cd /tmp && ls -d runs/*/summary.json runs/*/log-rank*.txt runs/*/metrics.jsonl 2>/dev/null)
+}
+
+source bench/visit.sh
+visit "$part" bench/gpu_log_lag.sh
+
+# ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
+NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there
+limit=${PIPE_LIMIT:-1260}
+go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
+wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
+pair() {  # pair NAME0 FLAGS0 -- NAME1 FLAGS1: side by side, NAME0 on GPU 0 and NAME1 on GPU 1
+  local n0=$1; shift; local f0=(); while [ "$1" != -- ]; do f0+=("$1"); shift; done; shift
+  local n1=$1; shift
+  go "$n0 | $n1" && { run_on "$n0" 0 "${f0[@]}" & run_on "$n1" 1 "$@"; wait; }
+}
+auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
+syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")
+dali=(--data $big "${auto[@]}")
+dflt=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs
+      --epochs 8 --eval-every 0)
+
+echo "$SECONDS s: phase 1: sample set; GPU0 synthetic data, caches cold"
+rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
+sample_set 'SampleSpec(train_per_class=2000)'
+(run_on l-synth-cold-gpu0 0 "${syn[@]}"; touch $b/SYNTH) &
+
+wait_for $b/DALI_READY && wait_for $b/SAMPLE || { echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); GPU1 the 1-GPU DDP references"
+(go ref && run_on l-1gpu-gpu1 1 "${dflt[@]}"; go ref && run_on l-1gpu-gpu1-2 1 "${dflt[@]}"
+ touch $b/REFS1) &
+wait_for $b/SYNTH; wait_for $b/REFS1
+echo "$SECONDS s: the defaults with DALI: reading late against --log-sync, then against synthetic"
+pair l-dali-late-gpu0 "${dali[@]}" -- l-dali-sync-gpu1 "${dali[@]}" --log-sync
+pair l-dali-sync-gpu0 "${dali[@]}" --log-sync -- l-dali-late-gpu1 "${dali[@]}"
+pair l-dali-late2-gpu0 "${dali[@]}" -- l-synth-gpu1 "${syn[@]}"
+pair l-synth-gpu0 "${syn[@]}" -- l-dali-late2-gpu1 "${dali[@]}"
+echo "$SECONDS s: DDP with DALI, default mode"
+go ddp && run_on l-ddp2-late 0,1 "${dflt[@]}" --nproc-per-node 2
+go ddp && run_on l-ddp2-sync 0,1 "${dflt[@]}" --nproc-per-node 2 --log-sync
+go ddp && run_on l-ddp2-sync-2 0,1 "${dflt[@]}" --nproc-per-node 2 --log-sync
+go ddp && run_on l-ddp2-late-2 0,1 "${dflt[@]}" --nproc-per-node 2
+pair l-1gpu-gpu0 "${dflt[@]}" -- l-1gpu-gpu1-3 "${dflt[@]}"
+echo "$SECONDS s: DALI prefetch 6 against 4, if time is left"
+pair l-dali-pf6-gpu0 "${dali[@]}" --dali-prefetch 6 -- l-dali-pf4-gpu1 "${dali[@]}"
+pair l-dali-pf4-gpu0 "${dali[@]}" -- l-dali-pf6-gpu1 "${dali[@]}" --dali-prefetch 6
+echo "$SECONDS s: done"
+touch $b/PIPE_DONE
