@@ -26,23 +26,15 @@ b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t4000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=4000)
 
 report() {
-  cat $b/pipe.txt 2>/dev/null
-  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
-    2>/dev/null | cut -c1-220 | head -40
   grep -h -A8 "step time breakdown" $b/runs-*.txt 2>/dev/null | cut -c1-160 | head -80
-  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-200 $b/epoch_rates.jsonl
   cut -c1-400 $b/summaries.jsonl 2>/dev/null
-  tar -czf "$out/x4.tar.gz" --exclude='*.pt.trace.json*' -C /tmp bench \
-    $(cd /tmp && ls -d runs/*/summary.json runs/*/log-rank*.txt runs/*/profile/breakdown-rank*.json 2>/dev/null)
+  report_runs x4.tar.gz --exclude='*.pt.trace.json*'
 }
 
 source bench/visit.sh
-visit "$part" bench/gpu_4x.sh
+visit "$part" bench/gpu_4x.sh 1320
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
-NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there
-limit=${PIPE_LIMIT:-1320}
-go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
 sample_set 'SampleSpec(train_per_class=4000)'
 
 echo "$SECONDS s: phase 1, the write-up's table (eager, synthetic data, profiled)"

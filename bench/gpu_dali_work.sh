@@ -33,23 +33,14 @@ b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
 
 report() {
-  cat $b/pipe.txt 2>/dev/null
   grep -v "^  tid" $b/resize.txt 2>/dev/null | cut -c1-170
-  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
-    2>/dev/null | cut -c1-220 | head -40
-  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-220 $b/epoch_rates.jsonl
-  tar -czf "$out/dali-work.tar.gz" --exclude='*.json' -C /tmp bench \
-    $(cd /tmp && ls -d runs/*/summary.json runs/*/log-rank*.txt runs/*/metrics.jsonl 2>/dev/null)
+  report_runs dali-work.tar.gz --exclude='bench/*.json'  # not the traces
 }
 
 source bench/visit.sh
-visit "$part" bench/gpu_dali_work.sh
+visit "$part" bench/gpu_dali_work.sh 1140
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
-NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there
-limit=${PIPE_LIMIT:-1140}
-go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
-wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
 syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")

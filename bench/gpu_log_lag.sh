@@ -25,23 +25,12 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
 
-report() {
-  cat $b/pipe.txt 2>/dev/null
-  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
-    2>/dev/null | cut -c1-220 | head -40
-  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-300 $b/epoch_rates.jsonl
-  tar -czf "$out/log-lag.tar.gz" -C /tmp bench \
-    $(cd /tmp && ls -d runs/*/summary.json runs/*/log-rank*.txt runs/*/metrics.jsonl 2>/dev/null)
-}
+report() { report_runs log-lag.tar.gz; }
 
 source bench/visit.sh
-visit "$part" bench/gpu_log_lag.sh
+visit "$part" bench/gpu_log_lag.sh 1260
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
-NO_DALI=1 source bench/device_env.sh  # fasttrain installed; DALI's path is added once it is there
-limit=${PIPE_LIMIT:-1260}
-go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
-wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
 pair() {  # pair NAME0 FLAGS0 -- NAME1 FLAGS1: side by side, NAME0 on GPU 0 and NAME1 on GPU 1
   local n0=$1; shift; local f0=(); while [ "$1" != -- ]; do f0+=("$1"); shift; done; shift
   local n1=$1; shift

@@ -1,11 +1,12 @@
 # The calls of one visit to the GPU machine, for a bench/gpu_*.sh script whose work runs in one
 # background `pipe` (docs/GPU-MACHINE.md). The script sets b, defines report(), then calls
-#   visit "$part" bench/gpu_NAME.sh
+#   visit "$part" bench/gpu_NAME.sh LIMIT   (LIMIT: the pipe's default limit, in seconds)
 # a: starts `bench/gpu_NAME.sh pipe` in the background and returns once the pipe has touched
 #    $b/STARTED (its first imports done before the next call copies the working tree again).
 # b: unpacks DALI from the stash, marks it ready ($b/DALI_READY), then does what w does.
 # w: waits up to 540 s for $b/PIPE_DONE, reports, and says whether the pipe is done.
-# pipe: returns, and the script's pipe runs on.
+# pipe: installs fasttrain (bench/device_env.sh), sets the pipe's limit (PIPE_LIMIT, or the
+#    script's default, the third argument) for `go` and `wait_for`, and returns: the pipe runs on.
 visit() {
   local part=$1 script=$2
   case $part in
@@ -25,8 +26,28 @@ visit() {
       exit 0 ;;
     pipe)
       (sleep 30; touch $b/STARTED) &  # the pipe's first commands have imported fasttrain by then
+      NO_DALI=1 source bench/device_env.sh  # DALI's path is added once it is there
+      limit=${PIPE_LIMIT:-${3:?a default limit in seconds}}
       return 0 ;;
     *)
       echo "unknown part $part: a, b, w or pipe" >&2; exit 2 ;;
   esac
+}
+
+# In a pipe, go NAME: whether a run may start, the pipe's limit not passed (else it says what it
+# skips). wait_for FILE: until FILE exists or the limit passes; whether it exists.
+go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
+wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
+
+# report_runs TARBALL [TAR OPTION ...], for a script's report(): the pipe's progress, each run's
+# first step and errors, each run's rates (bench/epoch_rates.py), then $b and every run's
+# summary, logs, metrics and profile breakdowns in $out/TARBALL
+report_runs() {
+  local tarball=$1; shift
+  cat $b/pipe.txt 2>/dev/null
+  grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
+    2>/dev/null | cut -c1-220 | head -40
+  python bench/epoch_rates.py /tmp/runs/*/ > $b/epoch_rates.jsonl 2>&1; cut -c1-300 $b/epoch_rates.jsonl
+  tar -czf "$out/$tarball" "$@" -C /tmp bench $(cd /tmp && ls -d runs/*/summary.json \
+    runs/*/log-rank*.txt runs/*/metrics.jsonl runs/*/profile/breakdown-rank*.json 2>/dev/null)
 }

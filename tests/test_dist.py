@@ -48,7 +48,9 @@ def tiny_net() -> nn.Module:
     )
 
 
-def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> None:
+def join(rank: int, world: int, port: int, timeout_s: int) -> DistState:
+    """This process as ``rank`` of ``world`` on the CPU (gloo), from the environment torchrun
+    would set."""
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -56,7 +58,11 @@ def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> N
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    dist = DistState.from_env("cpu", timeout_s=120)
+    return DistState.from_env("cpu", timeout_s=timeout_s)
+
+
+def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> None:
+    dist = join(rank, world, port, timeout_s=120)
     torch.manual_seed(0)
     model = tiny_net()
     t = TrainConfig(strategy="ddp" if world > 1 else "none", ddp_comm_hook=hook)
@@ -124,14 +130,7 @@ def test_bf16_comm_hook_reduces_in_bf16_and_keeps_the_ranks_equal(tmp_path):
 
 
 def _hung_rank_worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    dist = DistState.from_env("cpu", timeout_s=3)
+    dist = join(rank, 2, port, timeout_s=3)
     if rank == 1:  # hangs: never joins the log step's all-reduce
         time.sleep(12)
         return
@@ -154,14 +153,7 @@ def test_a_hung_rank_is_an_error_naming_the_rank_and_the_collective(tmp_path):
 
 
 def _stop_worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    dist = DistState.from_env("cpu", timeout_s=60)
+    dist = join(rank, 2, port, timeout_s=60)
     meter = DeviceMeter(torch.device("cpu"), dist)
     meter.add_device(torch.tensor(float(rank + 1)), torch.tensor(float(rank)), 4)
     meter.samples += 4
