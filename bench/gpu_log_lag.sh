@@ -11,7 +11,8 @@
 #   call 4, carrying .dali/p3:  cp .dali/p3 /tmp/dali-stash/ && bash bench/gpu_log_lag.sh b
 #   then:  bash bench/gpu_log_lag.sh w   until it prints "pipe done"
 # pipe, phase 1 (no DALI needed): the 20,000-image sample set; GPU 0 the defaults on synthetic
-# data, inductor's caches cold. Phase 2 (DALI ready): GPU 1 the 1-GPU DDP references
+# data, inductor's caches cold. Phase 2 (DALI ready): a 40-step check of DDP reading late over
+# NCCL (eager, synthetic data); GPU 1 the 1-GPU DDP references
 # (`default` mode) while GPU 0 compiles; then the CLI's defaults with DALI side by side on the
 # two GPUs and swapped: the default against --log-sync, then DALI against synthetic data; DDP
 # with DALI (`default` mode) by default and with --log-sync, twice each; GPU 0's references;
@@ -48,7 +49,13 @@ sample_set 'SampleSpec(train_per_class=2000)'
 (run_on l-synth-cold-gpu0 0 "${syn[@]}"; touch $b/SYNTH) &
 
 wait_for $b/DALI_READY && wait_for $b/SAMPLE || { echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
-echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); GPU1 the 1-GPU DDP references"
+echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); DDP reading late over NCCL, a check"
+# the late reads' all-reduce and pinned copy have run over NCCL only here: 40 eager steps of DDP
+# on synthetic data (beside GPU 0's compile), whose failure shows in the first w call's report
+run_on l-ddp-check 0,1 --loader synthetic --synthetic-steps 20 --num-classes 10 --arch resnet18 \
+  --image-size 64 --batch-size 64 --epochs 2 --log-every 5 --eval-every 0 --cuda-graphs \
+  --nproc-per-node 2
+echo "$SECONDS s: GPU1 the 1-GPU DDP references"
 (go ref && run_on l-1gpu-gpu1 1 "${dflt[@]}"; go ref && run_on l-1gpu-gpu1-2 1 "${dflt[@]}"
  touch $b/REFS1) &
 wait_for $b/SYNTH; wait_for $b/REFS1
