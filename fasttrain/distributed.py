@@ -135,15 +135,6 @@ class DistState:
                 tensor /= self.world_size
         return tensor
 
-    def any(self, flag: bool, what: str = "an all_reduce of a flag") -> bool:
-        """True on every rank if ``flag`` is true on any (a collective: call it on all ranks)."""
-        if not self.distributed:
-            return flag
-        t = torch.tensor([int(flag)], device=self.device)
-        with self.collective(what):
-            tdist.all_reduce(t, tdist.ReduceOp.MAX)
-        return bool(t.item())
-
     def all_gather_object(self, obj: Any, what: str = "an all_gather") -> list[Any]:
         if not self.distributed:
             return [obj]
