@@ -277,7 +277,7 @@ def test_steady_state_steps_do_not_sync(kind):
             step([data[i % 4]], meter, i)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    loss, top1, n = meter.flush()  # the log step: the one sync
+    loss, top1, n = meter.flush()  # read at once (a sync; the trainer reads an interval late)
     assert n == 25 * BATCH and loss == loss and 0 <= top1 <= 100
 
 
