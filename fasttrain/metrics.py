@@ -45,10 +45,6 @@ class Reading:
         else:
             self.host = values
 
-    def landed(self) -> bool:
-        """Whether ``values()`` would return without waiting."""
-        return self.event is None or self.event.query()
-
     def values(self) -> tuple[float, float, int, int]:
         """(mean loss, top-1 %, non-finite losses, ranks that asked to stop)."""
         if self.event is not None:
@@ -227,7 +223,7 @@ class Metrics:
         reading = meter.collect(stop)
         if self.sync:
             reading.values()  # the host sync: this interval's work is done
-        end = self.clock.mark()  # after the reading's copy: the reading's event covers both
+        end = self.clock.mark()  # after the reading's copy, on the same stream
         interval = {
             "step": step,
             "epoch": epoch,
@@ -254,9 +250,9 @@ class Metrics:
         that would wait (after a fault, when the GPU or a collective may never finish)."""
         if self.pending is None:
             return []
-        if only_if_landed and not (
-            self.pending["reading"].landed() and self.clock.landed(self.pending["end"])
-        ):
+        # the end mark follows the reading's copy on the same stream (or, with --log-sync, the
+        # reading was waited for already): once it has landed, so has the reading
+        if only_if_landed and not self.clock.landed(self.pending["end"]):
             return []
         iv, self.pending = self.pending, None
         loss, top1, nonfinite, stops = iv["reading"].values()  # the interval's work is done

@@ -23,7 +23,7 @@ from fasttrain.data import build_data
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
-from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
+from fasttrain.metrics import DeviceMeter, Logged, Metrics, peak_memory_gib
 from fasttrain.model import build_configured_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.parallel import average_bn_statistics, ddp_description, wrap_model
@@ -228,7 +228,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     last_finite: dict[str, float] = {}
     logged_step = step
 
-    def check(logged: list, now: int) -> bool:
+    def check(logged: list[Logged], now: int) -> bool:
         """What to do about a non-finite loss in the intervals just read; whether the ranks
         asked to stop in them."""
         nonlocal logged_step
@@ -346,11 +346,10 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         ) from None
     finally:
         stop.uninstall()
-        if metrics.pending is not None:  # after a fault: the last interval, if it landed
-            try:
-                metrics.settle(only_if_landed=True)
-            except Exception as e:  # the fault being raised is the one to report
-                log.debug("the last log interval could not be read: %s", e)
+        try:  # after a fault: the interval in flight, if it has landed
+            metrics.settle(only_if_landed=True)
+        except Exception as e:  # the fault being raised is the one to report
+            log.debug("the last log interval could not be read: %s", e)
         profiler.stop()
         if profiler.enabled:
             summary["profile"] = _report_profile(profiler, metrics, step, dist)
