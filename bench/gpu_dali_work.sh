@@ -30,7 +30,6 @@ set -uo pipefail
 part=${1:?a, b, w or pipe}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
-big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
 
 report() {
   grep -v "^  tid" $b/resize.txt 2>/dev/null | cut -c1-170
@@ -42,19 +41,10 @@ visit "$part" bench/gpu_dali_work.sh 1140
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
-syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")
-dali=(--data $big "${auto[@]}")
-dflt=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs
-      --epochs 8 --eval-every 0)
-no=(--no-dali-antialias)
+no=(--no-dali-antialias)  # the runs' other flags (auto, syn, dali, dflt) are device_env.sh's
 
 echo "$SECONDS s: $gpus GPU(s); phase 1: sample set; GPU0 synthetic data, caches cold"
-rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
-sample_set 'SampleSpec(train_per_class=2000)'
-(run_on w-synth-cold-gpu0 0 "${syn[@]}"; touch $b/SYNTH) &
-
-wait_for $b/DALI_READY && wait_for $b/SAMPLE || { echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+cold_start w-synth-cold-gpu0
 echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt)"
 if [ "$gpus" -ge 2 ]; then
   echo "$SECONDS s: GPU1 the 1-GPU DDP references, default mode"
@@ -63,23 +53,23 @@ if [ "$gpus" -ge 2 ]; then
 fi
 wait_for $b/SYNTH
 echo "$SECONDS s: GPU0 dali_e2e --set resize"
-CUDA_VISIBLE_DEVICES=0 TRACE_DIR=$b python bench/dali_e2e.py $big --set resize --maxpool --epochs 6 \
+CUDA_VISIBLE_DEVICES=0 TRACE_DIR=$b python bench/dali_e2e.py $set20k --set resize --maxpool --epochs 6 \
   --jsonl $b/resize.jsonl > $b/resize.txt 2>&1
 [ "$gpus" -ge 2 ] && wait_for $b/REFS1
 echo "$SECONDS s: the defaults end to end"
 if [ "$gpus" -ge 2 ]; then
-  go pair && { run_on w-dali-aa-gpu0 0 "${dali[@]}" & run_on w-dali-noaa-gpu1 1 "${dali[@]}" "${no[@]}"; wait; }
-  go pair && { run_on w-dali-aa-gpu1 1 "${dali[@]}" & run_on w-dali-noaa-gpu0 0 "${dali[@]}" "${no[@]}"; wait; }
-  go pair && { run_on w-dali-noaa2-gpu0 0 "${dali[@]}" "${no[@]}" & run_on w-synth-gpu1 1 "${syn[@]}"; wait; }
-  go pair && { run_on w-dali-noaa2-gpu1 1 "${dali[@]}" "${no[@]}" & run_on w-synth-gpu0 0 "${syn[@]}"; wait; }
+  pair w-dali-aa-gpu0 "${dali[@]}" -- w-dali-noaa-gpu1 "${dali[@]}" "${no[@]}"
+  pair w-dali-noaa-gpu0 "${dali[@]}" "${no[@]}" -- w-dali-aa-gpu1 "${dali[@]}"
+  pair w-dali-noaa2-gpu0 "${dali[@]}" "${no[@]}" -- w-synth-gpu1 "${syn[@]}"
+  pair w-synth-gpu0 "${syn[@]}" -- w-dali-noaa2-gpu1 "${dali[@]}" "${no[@]}"
   echo "$SECONDS s: DDP with DALI, default mode"
   go ddp && run_on w-ddp2-aa 0,1 "${dflt[@]}" --nproc-per-node 2
   go ddp && run_on w-ddp2-noaa 0,1 "${dflt[@]}" --nproc-per-node 2 "${no[@]}"
   go ddp && run_on w-ddp2-noaa-2 0,1 "${dflt[@]}" --nproc-per-node 2 "${no[@]}"
   go ddp && run_on w-ddp2-aa-2 0,1 "${dflt[@]}" --nproc-per-node 2
   # GPU0's references, each beside a second one on GPU1 (the host as loaded as under DDP)
-  go ref && { run_on w-1gpu-aa-gpu0 0 "${dflt[@]}" & run_on w-1gpu-noaa2-gpu1 1 "${dflt[@]}" "${no[@]}"; wait; }
-  go ref && { run_on w-1gpu-noaa-gpu0 0 "${dflt[@]}" "${no[@]}" & run_on w-1gpu-aa2-gpu1 1 "${dflt[@]}"; wait; }
+  pair w-1gpu-aa-gpu0 "${dflt[@]}" -- w-1gpu-noaa2-gpu1 "${dflt[@]}" "${no[@]}"
+  pair w-1gpu-noaa-gpu0 "${dflt[@]}" "${no[@]}" -- w-1gpu-aa2-gpu1 "${dflt[@]}"
 else
   for r in 1 2; do
     go one && run_on w-dali-aa-$r 0 "${dali[@]}"

@@ -24,7 +24,6 @@ set -uo pipefail
 part=${1:?a, b, w or pipe}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
-big=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=2000)
 
 report() { report_runs log-lag.tar.gz; }
 
@@ -32,23 +31,9 @@ source bench/visit.sh
 visit "$part" bench/gpu_log_lag.sh 1260
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
-pair() {  # pair NAME0 FLAGS0 -- NAME1 FLAGS1: side by side, NAME0 on GPU 0 and NAME1 on GPU 1
-  local n0=$1; shift; local f0=(); while [ "$1" != -- ]; do f0+=("$1"); shift; done; shift
-  local n1=$1; shift
-  go "$n0 | $n1" && { run_on "$n0" 0 "${f0[@]}" & run_on "$n1" 1 "$@"; wait; }
-}
-auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
-syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")
-dali=(--data $big "${auto[@]}")
-dflt=(--config configs/sample.yaml --data $big --compile --compile-mode default --cuda-graphs
-      --epochs 8 --eval-every 0)
-
+# the runs' flags (auto, syn, dali, dflt) are bench/device_env.sh's
 echo "$SECONDS s: phase 1: sample set; GPU0 synthetic data, caches cold"
-rm -rf /tmp/torchinductor_$(whoami)  # cold: a fresh machine has none, this makes sure
-sample_set 'SampleSpec(train_per_class=2000)'
-(run_on l-synth-cold-gpu0 0 "${syn[@]}"; touch $b/SYNTH) &
-
-wait_for $b/DALI_READY && wait_for $b/SAMPLE || { echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+cold_start l-synth-cold-gpu0
 echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); DDP reading late over NCCL, a check"
 # the late reads' all-reduce and pinned copy have run over NCCL only here: 40 eager steps of DDP
 # on synthetic data (beside GPU 0's compile), whose failure shows in the first w call's report

@@ -38,6 +38,12 @@ visit() {
 # skips). wait_for FILE: until FILE exists or the limit passes; whether it exists.
 go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
 wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
+# pair NAME0 FLAGS0 -- NAME1 FLAGS1: the two runs side by side, NAME0 on GPU 0 and NAME1 on GPU 1
+pair() {
+  local n0=$1; shift; local f0=(); while [ "$1" != -- ]; do f0+=("$1"); shift; done; shift
+  local n1=$1; shift
+  go "$n0 | $n1" && { run_on "$n0" 0 "${f0[@]}" & run_on "$n1" 1 "$@"; wait; }
+}
 
 # report_runs TARBALL [TAR OPTION ...], for a script's report(): the pipe's progress, each run's
 # first step and errors, each run's rates (bench/epoch_rates.py), then $b and every run's
