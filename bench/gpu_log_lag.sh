@@ -12,7 +12,8 @@
 #   then:  bash bench/gpu_log_lag.sh w   until it prints "pipe done"
 # pipe, phase 1 (no DALI needed): the 20,000-image sample set; GPU 0 the defaults on synthetic
 # data, inductor's caches cold. Phase 2 (DALI ready): a 40-step check of DDP reading late over
-# NCCL (eager, synthetic data); GPU 1 the 1-GPU DDP references
+# NCCL (eager, synthetic data); GPU 1 the log-step GPU test (its fault path has not run on a GPU),
+# then the 1-GPU DDP references
 # (`default` mode) while GPU 0 compiles; then the CLI's defaults with DALI side by side on the
 # two GPUs and swapped: the default against --log-sync, then DALI against synthetic data; DDP
 # with DALI (`default` mode) by default and with --log-sync, twice each; GPU 0's references;
@@ -25,7 +26,7 @@ part=${1:?a, b, w or pipe}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 b=/tmp/bench; mkdir -p $b
 
-report() { report_runs log-lag.tar.gz; }
+report() { tail -4 $b/tests.txt 2>/dev/null; report_runs log-lag.tar.gz; }
 
 source bench/visit.sh
 visit "$part" bench/gpu_log_lag.sh 1260
@@ -40,8 +41,10 @@ echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); DDP reading late over NC
 run_on l-ddp-check 0,1 --loader synthetic --synthetic-steps 20 --num-classes 10 --arch resnet18 \
   --image-size 64 --batch-size 64 --epochs 2 --log-every 5 --eval-every 0 --cuda-graphs \
   --nproc-per-node 2
-echo "$SECONDS s: GPU1 the 1-GPU DDP references"
-(go ref && run_on l-1gpu-gpu1 1 "${dflt[@]}"; go ref && run_on l-1gpu-gpu1-2 1 "${dflt[@]}"
+echo "$SECONDS s: GPU1 the log-step GPU test, then the 1-GPU DDP references"
+(CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py -k log_step \
+   > $b/tests.txt 2>&1
+ go ref && run_on l-1gpu-gpu1 1 "${dflt[@]}"; go ref && run_on l-1gpu-gpu1-2 1 "${dflt[@]}"
  touch $b/REFS1) &
 wait_for $b/SYNTH; wait_for $b/REFS1
 echo "$SECONDS s: the defaults with DALI: reading late against --log-sync, then against synthetic"
