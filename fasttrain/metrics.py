@@ -8,6 +8,12 @@ line comes one interval late, and the steady state has no host sync at all. Thro
 images over the time between two log steps' events on the training stream: what the GPU did,
 its idle time included. ``--log-sync`` is the simple reference: read at once, with a host sync
 (the GPU drains at every log step), timed on the host clock between two synchronised reads.
+
+Two figures say whether input holds the GPU back, and they differ: ``data_wait_frac`` is the
+host's share of its own time spent fetching batches (the host runs ahead, and with DALI it waits
+there for a batch whose decoding shares the busy GPU); ``gpu_idle_frac`` is the GPU's
+share of the interval outside the steps (CUDA events around each step), which is what a starving
+loader, or a host that falls behind, costs.
 """
 
 from __future__ import annotations
@@ -156,9 +162,12 @@ class Metrics:
         world_size: int,
         device: torch.device,
         sync: bool = False,
+        timer: StepTimer | None = None,
     ):
-        """``sync``: read each log step's interval at once, with a host sync (``--log-sync``)."""
+        """``sync``: read each log step's interval at once, with a host sync (``--log-sync``).
+        ``timer``: the steps' GPU times, read with their interval."""
         self.is_main = is_main
+        self.timer = timer
         self.world_size = world_size
         self.device = device
         self.sync = sync
@@ -188,6 +197,9 @@ class Metrics:
         """Start a new timing interval: after compile, eval or a checkpoint (they are not
         steps), or at ``start``, the mark that ended the interval before."""
         self.t0 = self.clock.mark() if start is None else start
+        self.host_t0 = time.perf_counter()
+        if start is None and self.timer is not None:
+            self.timer.take()  # steps outside any interval (the first, compiling one) are not timed
         self.images = 0
         self.data_wait = 0.0
         self.steps = 0
@@ -214,7 +226,6 @@ class Metrics:
         epoch: int,
         meter: DeviceMeter,
         lr: float,
-        timer=None,
         stop: bool = False,
     ) -> list[Logged]:
         """A log step: close this interval (its totals over ranks, with this rank's ``stop``
@@ -233,8 +244,9 @@ class Metrics:
             "end": end,
             "images": self.images,
             "data_wait": self.data_wait,
+            "host_seconds": time.perf_counter() - self.host_t0,
             "steps": self.steps,
-            "timed_steps": timer.take() if timer is not None else [],
+            "timed_steps": self.timer.take() if self.timer is not None else [],
             "peak_mem_gib": peak_memory_gib(self.device),
         }
         logged = self.settle()  # the interval before: its events are an interval old
@@ -260,6 +272,10 @@ class Metrics:
         rate = iv["images"] / elapsed if elapsed > 0 else 0.0
         self.intervals.append((iv["epoch"], iv["images"], elapsed))
         gpu_ms = StepTimer.mean_ms(iv["timed_steps"])
+        idle = None  # the GPU's share of the interval outside the steps
+        if gpu_ms is not None and elapsed > 0:
+            idle = max(0.0, 1.0 - gpu_ms * len(iv["timed_steps"]) / 1e3 / elapsed)
+        host_s = iv["host_seconds"]
         record = {
             "kind": "train",
             "step": iv["step"],
@@ -270,9 +286,10 @@ class Metrics:
             "lr": iv["lr"],
             "img_per_s": rate,
             "img_per_s_per_gpu": rate / self.world_size,
-            "data_wait_frac": iv["data_wait"] / elapsed if elapsed > 0 else 0.0,
+            "data_wait_frac": iv["data_wait"] / host_s if host_s > 0 else 0.0,
             "data_wait_ms": 1e3 * iv["data_wait"] / max(iv["steps"], 1),
             "gpu_step_ms": gpu_ms,
+            "gpu_idle_frac": idle,
             "peak_mem_gib": iv["peak_mem_gib"],
         }
         self._emit(
@@ -286,11 +303,14 @@ class Metrics:
                 "perf/data_wait_frac": record["data_wait_frac"],
                 "perf/data_wait_ms": record["data_wait_ms"],
                 **({"perf/gpu_step_ms": gpu_ms} if gpu_ms is not None else {}),
+                **({"perf/gpu_idle_frac": idle} if idle is not None else {}),
                 "perf/peak_mem_gib": record["peak_mem_gib"],
             },
             iv["step"],
         )
         gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
+        if idle is not None:
+            gpu += f", idle {100 * idle:.1f}%"
         line = (
             f"epoch {iv['epoch']} step {iv['step']}: loss {loss:.4f} top1 {top1:.1f}% "
             f"lr {iv['lr']:.4g} {rate:,.0f} img/s data-wait "

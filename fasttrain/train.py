@@ -172,6 +172,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     )
 
     # ---- loop --------------------------------------------------------------------------------
+    timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
     metrics = Metrics(
         run_dir,
         is_main=dist.is_main,
@@ -180,9 +181,9 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         world_size=gpus,
         device=dist.device,
         sync=r.log_sync,
+        timer=timer,
     )
     meter = DeviceMeter(dist.device, dist)
-    timer = StepTimer(dist.device)
     profiler = RunProfiler(r, run_dir, dist)
     summary: dict[str, Any] = {"global_batch": global_batch, "steps_per_epoch": steps_per_epoch}
     last_eval: dict[str, float] | None = None
@@ -259,7 +260,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     def log_interval(step: int, epoch: int, lr: float) -> bool:
         """The log step: the metrics (an interval late, unless --log-sync), and what to do
         about a non-finite loss; whether the ranks agreed to stop."""
-        return check(metrics.log_train(step, epoch, meter, lr, timer, stop.requested), step)
+        return check(metrics.log_train(step, epoch, meter, lr, stop=stop.requested), step)
 
     def evaluate(step: int, epoch: int) -> None:
         nonlocal last_eval, eval_step

@@ -13,6 +13,7 @@ from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
+from fasttrain.profiling import StepTimer
 from fasttrain.step import GraphedStep, build_step
 from tests.conftest import train_loader
 
@@ -285,9 +286,17 @@ def test_steady_state_steps_do_not_sync(kind):
 def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
     """A log step returns while the GPU still runs the steps before it (a 25 ms spin here), and
     without a stream sync; ``--log-sync`` waits for them. Each interval is timed on the GPU:
-    at least its spin."""
+    at least its spin, which is the step, so the GPU is hardly idle."""
+    timer = StepTimer(DEV)
     metrics = Metrics(
-        tmp_path, is_main=True, total_steps=4, start_step=0, world_size=1, device=DEV, sync=sync
+        tmp_path,
+        is_main=True,
+        total_steps=4,
+        start_step=0,
+        world_size=1,
+        device=DEV,
+        sync=sync,
+        timer=timer,
     )
     meter = DeviceMeter(DEV)
     loss, correct = torch.tensor(2.0, device=DEV), torch.tensor(8.0, device=DEV)
@@ -298,7 +307,8 @@ def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
         meter.add_device(loss, correct, BATCH)
         meter.samples += BATCH
         metrics.step_done(BATCH, 0.0)
-        torch.cuda._sleep(50_000_000)  # about 25 ms at the H200's clock
+        with timer.step():
+            torch.cuda._sleep(50_000_000)  # about 25 ms at the H200's clock
         busy.record()
         torch.cuda.set_sync_debug_mode(0 if sync else "error")
         try:
@@ -314,6 +324,8 @@ def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
     for e in logged:
         assert e.record["loss"] == 2.0 and e.record["top1"] == 25.0 and not e.stop
         assert 0 < e.record["img_per_s"] < BATCH / 0.02  # each interval holds its spin
+        assert e.record["gpu_step_ms"] > 20 and e.record["data_wait_frac"] == 0
+        assert 0 <= e.record["gpu_idle_frac"] < 0.2  # the spin is the step: the GPU is busy
 
 
 def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():

@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from fasttrain import checkpoint as ckpt
 from fasttrain.data.folder import scan_folder
 from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.model import build_model
+from fasttrain.profiling import StepTimer
 from fasttrain.step import build_step
 from tests.conftest import (
     FAST,
@@ -129,6 +131,48 @@ def test_a_log_step_writes_the_interval_before_it_and_log_sync_writes_its_own(tm
     assert metrics.discard_pending() == 1 and metrics.settle() == []
     metrics.close()
     assert (out / "metrics.jsonl").read_text() == ""
+
+
+class _Mark:
+    """A stand-in for a CUDA event: a time in ms."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def elapsed_time(self, end: "_Mark") -> float:
+        return end.ms - self.ms
+
+
+def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
+    """On a GPU an interval is timed by events, over less time than the host spent in it when the
+    host runs ahead: data-wait is a share of the host's own time (at most the 10 ms it waited
+    of the 20+ ms it slept here, not 200% of a 5 ms GPU interval). The GPU's idle share is the
+    interval less its steps' GPU time: 10 steps of 0.4 ms in 5 ms, 20% idle. A step outside any
+    interval (the first, which compiles) is not counted in the next one's GPU time."""
+    cpu = torch.device("cpu")
+    timer = StepTimer(cpu)
+    metrics = Metrics(
+        tmp_path, is_main=True, total_steps=10, start_step=0, world_size=1, device=cpu, timer=timer
+    )
+    metrics.clock.seconds = lambda start, end: 0.005  # the interval as a GPU timed it
+    timer.pairs.append((_Mark(0), _Mark(4000)))  # the first step, compiling
+    metrics.restart_interval()
+    meter = DeviceMeter(cpu)
+    for step in range(1, 11):
+        time.sleep(0.002)
+        meter.add_device(torch.tensor(1.0), torch.tensor(1.0), 4)
+        meter.samples += 4
+        metrics.step_done(4, 0.001)
+        timer.pairs.append((_Mark(step), _Mark(step + 0.4)))
+    metrics.log_train(10, 0, meter, 0.1)
+    (logged,) = metrics.settle()
+    metrics.close()
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record == logged.record
+    assert 0 < record["data_wait_frac"] <= 0.5
+    assert record["data_wait_ms"] == pytest.approx(1.0)
+    assert record["gpu_step_ms"] == pytest.approx(0.4)
+    assert record["gpu_idle_frac"] == pytest.approx(0.2)
 
 
 def test_log_sync_trains_and_logs_what_the_default_does(run, tiny_data, tmp_path):
