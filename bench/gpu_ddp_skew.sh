@@ -8,6 +8,9 @@
 # stream` orders the batch on the training stream instead, and the host runs on ahead.
 # Expected: the idle between steps under DDP down to one GPU's (0.1-0.2 ms); scaling up by at most
 # 0.5 points, less if the waiting only moves into the all-reduce, as with the late log reads.
+# The runs also log each interval's step-to-step spread (`sd`, new): if DALI's 1-GPU steps vary by
+# about 1 ms more than synthetic ones, two ranks lose about 0.56 x that to each other per step,
+# which would account for the 0.5-0.75 ms (bench/epoch_rates.py's gpu_step_sd_ms).
 # Kind nvidia-h200-x2. One visit of back-to-back calls (docs/GPU-MACHINE.md):
 #   call 1, carrying .dali/p0, .dali/w, .dali/unpack.sh:
 #       bash .dali/unpack.sh stash > /dev/null && bash bench/gpu_ddp_skew.sh a

@@ -271,7 +271,7 @@ class Metrics:
         elapsed = self.clock.seconds(iv["start"], iv["end"])
         rate = iv["images"] / elapsed if elapsed > 0 else 0.0
         self.intervals.append((iv["epoch"], iv["images"], elapsed))
-        gpu_ms = StepTimer.mean_ms(iv["timed_steps"])
+        gpu_ms, gpu_sd = StepTimer.stats_ms(iv["timed_steps"])
         idle = None  # the GPU's share of the interval outside the steps
         if gpu_ms is not None and elapsed > 0:
             idle = max(0.0, 1.0 - gpu_ms * len(iv["timed_steps"]) / 1e3 / elapsed)
@@ -289,6 +289,7 @@ class Metrics:
             "data_wait_frac": iv["data_wait"] / host_s if host_s > 0 else 0.0,
             "data_wait_ms": 1e3 * iv["data_wait"] / max(iv["steps"], 1),
             "gpu_step_ms": gpu_ms,
+            "gpu_step_ms_sd": gpu_sd,
             "gpu_idle_frac": idle,
             "peak_mem_gib": iv["peak_mem_gib"],
         }
@@ -303,12 +304,15 @@ class Metrics:
                 "perf/data_wait_frac": record["data_wait_frac"],
                 "perf/data_wait_ms": record["data_wait_ms"],
                 **({"perf/gpu_step_ms": gpu_ms} if gpu_ms is not None else {}),
+                **({"perf/gpu_step_ms_sd": gpu_sd} if gpu_sd is not None else {}),
                 **({"perf/gpu_idle_frac": idle} if idle is not None else {}),
                 "perf/peak_mem_gib": record["peak_mem_gib"],
             },
             iv["step"],
         )
         gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
+        if gpu_sd is not None:
+            gpu += f" (sd {gpu_sd:.2f})"
         if idle is not None:
             gpu += f", idle {100 * idle:.1f}%"
         line = (

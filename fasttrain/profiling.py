@@ -6,14 +6,15 @@
   ``distributedInfo``, single-process runs included, as HolisticTraceAnalysis needs.
 - ``span(name)`` marks a phase (data fetch, copy-in, step, optimizer, eval) both in the trace
   (``record_function``) and for Nsight Systems (NVTX), when profiling or on a GPU.
-- ``StepTimer`` times each step on the GPU with CUDA events; the times are read at log steps,
-  when the metric read has already synchronised, so it adds no sync.
+- ``StepTimer`` times each step on the GPU with CUDA events; the times are read with their log
+  interval, an interval later, when they are long complete, so it adds no sync.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -132,14 +133,19 @@ class StepTimer:
         self.pairs.append((start, end))
 
     def take(self) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
-        """The event pairs of the steps since the last take, for ``mean_ms`` once they are done
+        """The event pairs of the steps since the last take, for ``stats_ms`` once they are done
         (a log step reads its interval an interval later)."""
         pairs, self.pairs = self.pairs, []
         return pairs
 
     @staticmethod
-    def mean_ms(pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> float | None:
-        """Mean GPU ms per step of ``pairs``, whose end events have completed."""
-        if not pairs:
-            return None
-        return sum(s.elapsed_time(e) for s, e in pairs) / len(pairs)
+    def stats_ms(
+        pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]],
+    ) -> tuple[float | None, float | None]:
+        """Mean and standard deviation of the GPU ms per step of ``pairs``, whose end events have
+        completed. The spread matters under DDP: every step runs at the slower rank's pace, so
+        a rank whose steps vary more costs both (None with fewer than two steps)."""
+        times = [s.elapsed_time(e) for s, e in pairs]
+        if not times:
+            return None, None
+        return statistics.fmean(times), statistics.pstdev(times) if len(times) > 1 else None

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_table_and_chart(tmp_path, monkeypatch, capsys):
 def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_path):
     """bench/epoch_rates.py on a hand-made run: batch 100, epochs of 20 steps logged every 10;
     the interval that begins each epoch takes 2 s, the others 1 s (95 ms per step of it inside
-    the step: 5 ms outside)."""
+    the step: 5 ms outside, its steps' spread 0.3 and 0.4 ms: 0.354 pooled)."""
     spec = importlib.util.spec_from_file_location(
         "epoch_rates", Path(__file__).parent.parent / "bench" / "epoch_rates.py"
     )
@@ -73,6 +74,7 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
         epoch = (step - 1) // 20
         seconds = 2.0 if step % 20 == 10 else 1.0
         gpu = 150.0 if step % 20 == 10 else 95.0
+        sd = 9.0 if step % 20 == 10 else 0.3 if step < 50 else 0.4
         lines.append(
             {
                 "kind": "train",
@@ -80,6 +82,7 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
                 "epoch": epoch,
                 "img_per_s": 1000 / seconds,
                 "gpu_step_ms": gpu,
+                "gpu_step_ms_sd": sd,
             }
         )
     lines.insert(3, {"kind": "val", "step": 20, "epoch": 0, "top1": 50.0})
@@ -93,19 +96,26 @@ def test_epoch_rates_leave_out_the_first_epoch_and_then_each_epoch_start(tmp_pat
     assert got["wall_ms_per_step"] == pytest.approx(100.0)
     assert got["gpu_step_ms"] == pytest.approx(95.0)
     assert got["outside_step_ms"] == pytest.approx(5.0)
+    assert got["gpu_step_sd_ms"] == pytest.approx(math.sqrt((0.3**2 + 0.4**2) / 2))
     # the same run as its printed log: the trainer's line format, the same figures
     log = tmp_path / "run.txt"
     log.write_text(
         "device cuda:0, amp bf16 | global batch 100 (100 per GPU x 1 GPU(s) x 1 accum) | x\n"
         + "".join(
             f"epoch {r['epoch']} step {r['step']}: loss 0.5 top1 90.0% lr 0.1 "
-            f"{r['img_per_s']:,.0f} img/s data-wait 0% gpu {r['gpu_step_ms']:.1f} ms/step\n"
+            f"{r['img_per_s']:,.0f} img/s data-wait 0% gpu {r['gpu_step_ms']:.1f} ms/step "
+            f"(sd {r['gpu_step_ms_sd']:.2f}), idle 5.0%\n"
             for r in lines
             if r["kind"] == "train"
         )
         + "epoch 0 val: top1 50.0% top5 90.0%\n"
     )
     assert epoch_rates.rates(log) == got
+    # and as a rank's log file, each line after its time and level
+    rank_log = tmp_path / "log-rank0.txt"
+    stamp = "2026-11-30 20:34:01,304 INFO "
+    rank_log.write_text("".join(stamp + line + "\n" for line in log.read_text().splitlines()))
+    assert epoch_rates.rates(rank_log) == got
     (tmp_path / "summary.json").unlink()  # a failed run: reported, not a traceback
     out = subprocess.run(
         [sys.executable, str(Path(spec.origin)), str(tmp_path), str(log)],

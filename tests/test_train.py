@@ -147,8 +147,9 @@ def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
     """On a GPU an interval is timed by events, over less time than the host spent in it when the
     host runs ahead: data-wait is a share of the host's own time (at most the 10 ms it waited
     of the 20+ ms it slept here, not 200% of a 5 ms GPU interval). The GPU's idle share is the
-    interval less its steps' GPU time: 10 steps of 0.4 ms in 5 ms, 20% idle. A step outside any
-    interval (the first, which compiles) is not counted in the next one's GPU time."""
+    interval less its steps' GPU time: 10 steps of 0.3 and 0.5 ms in turn in 5 ms, 20% idle, and
+    their spread 0.1 ms. A step outside any interval (the first, which compiles) is not counted
+    in the next one's GPU time."""
     cpu = torch.device("cpu")
     timer = StepTimer(cpu)
     metrics = Metrics(
@@ -163,7 +164,7 @@ def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
         meter.add_device(torch.tensor(1.0), torch.tensor(1.0), 4)
         meter.samples += 4
         metrics.step_done(4, 0.001)
-        timer.pairs.append((_Mark(step), _Mark(step + 0.4)))
+        timer.pairs.append((_Mark(step), _Mark(step + (0.3 if step % 2 else 0.5))))
     metrics.log_train(10, 0, meter, 0.1)
     (logged,) = metrics.settle()
     metrics.close()
@@ -172,6 +173,7 @@ def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
     assert 0 < record["data_wait_frac"] <= 0.5
     assert record["data_wait_ms"] == pytest.approx(1.0)
     assert record["gpu_step_ms"] == pytest.approx(0.4)
+    assert record["gpu_step_ms_sd"] == pytest.approx(0.1)
     assert record["gpu_idle_frac"] == pytest.approx(0.2)
 
 
