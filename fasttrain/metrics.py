@@ -293,23 +293,20 @@ class Metrics:
             "gpu_idle_frac": idle,
             "peak_mem_gib": iv["peak_mem_gib"],
         }
-        self._emit(
-            record,
-            {
-                "train/loss": loss,
-                "train/top1": top1,
-                "train/lr": iv["lr"],
-                "perf/img_per_s": rate,
-                "perf/img_per_s_per_gpu": record["img_per_s_per_gpu"],
-                "perf/data_wait_frac": record["data_wait_frac"],
-                "perf/data_wait_ms": record["data_wait_ms"],
-                **({"perf/gpu_step_ms": gpu_ms} if gpu_ms is not None else {}),
-                **({"perf/gpu_step_ms_sd": gpu_sd} if gpu_sd is not None else {}),
-                **({"perf/gpu_idle_frac": idle} if idle is not None else {}),
-                "perf/peak_mem_gib": record["peak_mem_gib"],
-            },
-            iv["step"],
-        )
+        scalars = {
+            "train/loss": loss,
+            "train/top1": top1,
+            "train/lr": iv["lr"],
+            "perf/img_per_s": rate,
+            "perf/img_per_s_per_gpu": record["img_per_s_per_gpu"],
+            "perf/data_wait_frac": record["data_wait_frac"],
+            "perf/data_wait_ms": record["data_wait_ms"],
+            "perf/gpu_step_ms": gpu_ms,  # the GPU figures: none on the CPU
+            "perf/gpu_step_ms_sd": gpu_sd,
+            "perf/gpu_idle_frac": idle,
+            "perf/peak_mem_gib": record["peak_mem_gib"],
+        }
+        self._emit(record, {k: v for k, v in scalars.items() if v is not None}, iv["step"])
         gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
         if gpu_sd is not None:
             gpu += f" (sd {gpu_sd:.2f})"
