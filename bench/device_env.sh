@@ -39,13 +39,17 @@ s(\"/tmp/fasttrain-cache\", $1)' > $b/sample.txt 2>&1; touch $b/SAMPLE" > /dev/n
 # The sample-set runs of BENCHMARKS.md's tables since the fourth session, one definition for every
 # script that compares them: SampleSpec(train_per_class=2000) (20,000 JPEGs, 78 steps per epoch
 # on one GPU, 39 per rank on two); the CLI's defaults (`auto`) on synthetic data (`syn`) and on the
-# set (`dali`), and `default` compile mode on the set (`dflt`, the DDP scaling runs)
+# set (`dali`), and `default` compile mode on the set (`dflt`, the DDP scaling runs) and on
+# synthetic data (`sdflt`)
 set20k=/tmp/fasttrain-cache/sample-v1-c10-t2000-v50-s300-480-q90-seed0
 auto=(--config configs/sample.yaml --compile --cuda-graphs --epochs 8 --eval-every 0)
 syn=(--loader synthetic --synthetic-steps 78 --num-classes 10 "${auto[@]}")
 dali=(--data $set20k "${auto[@]}")
 dflt=(--config configs/sample.yaml --data $set20k --compile --compile-mode default --cuda-graphs
       --epochs 8 --eval-every 0)
+# dflt's twin on synthetic data (the caller adds --synthetic-steps: 78 on one GPU, 39 per rank)
+sdflt=(--loader synthetic --num-classes 10 --config configs/sample.yaml --compile --compile-mode
+       default --cuda-graphs --epochs 8 --eval-every 0)
 
 # cold_start NAME, in a visit's pipe (bench/visit.sh): its opening on set20k: inductor's
 # caches cleared (cold, as on a fresh machine; this makes sure), the set built in the background,

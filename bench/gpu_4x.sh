@@ -19,10 +19,6 @@
 # again (per-GPU scaling against the same call's 1-GPU runs, GPU 0 and GPU 3), and four 1-GPU
 # runs at once (each GPU's own pace with the host as loaded as under DDP on four).
 # PIPE_LIMIT (default 1,320 s after call 1) stops `pipe` starting runs after that long.
-set -uo pipefail
-part=${1:?a, b, w or pipe}
-out=${OUT:-gpu-out}; mkdir -p "$out"
-b=/tmp/bench; mkdir -p $b
 big=/tmp/fasttrain-cache/sample-v1-c10-t4000-v50-s300-480-q90-seed0  # SampleSpec(train_per_class=4000)
 
 report() {
@@ -32,7 +28,7 @@ report() {
 }
 
 source bench/visit.sh
-visit "$part" bench/gpu_4x.sh 1320
+visit "${1:-}" bench/gpu_4x.sh 1320
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
 sample_set 'SampleSpec(train_per_class=4000)'

@@ -26,10 +26,6 @@
 # Ran in the ninth session at `d0d050a` (BENCHMARKS.md); its limit skipped the last DDP run and
 # GPU 0's references, which one more call ran by hand. PIPE_LIMIT (default 1,140 s after call 1)
 # stops `pipe` starting runs after that long.
-set -uo pipefail
-part=${1:?a, b, w or pipe}
-out=${OUT:-gpu-out}; mkdir -p "$out"
-b=/tmp/bench; mkdir -p $b
 
 report() {
   grep -v "^  tid" $b/resize.txt 2>/dev/null | cut -c1-170
@@ -37,7 +33,7 @@ report() {
 }
 
 source bench/visit.sh
-visit "$part" bench/gpu_dali_work.sh 1140
+visit "${1:-}" bench/gpu_dali_work.sh 1140
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)

@@ -24,26 +24,20 @@
 # stream hand-off three times each, interleaved; the references again; synthetic DDP again.
 # Sequencing checked with stub commands only. PIPE_LIMIT (default 1,200 s after call 1) stops
 # `pipe` starting runs after that long.
-set -uo pipefail
-part=${1:?a, b, w or pipe}
-out=${OUT:-gpu-out}; mkdir -p "$out"
-b=/tmp/bench; mkdir -p $b
 
 report() { tail -4 $b/tests.txt 2>/dev/null; report_runs ddp-skew.tar.gz; }
 
 source bench/visit.sh
-visit "$part" bench/gpu_ddp_skew.sh 1200
+visit "${1:-}" bench/gpu_ddp_skew.sh 1200
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
-# dflt (DALI on the sample set, `default` mode) is bench/device_env.sh's; sdf its synthetic twin
-sdf=(--loader synthetic --num-classes 10 --config configs/sample.yaml --compile --compile-mode
-     default --cuda-graphs --epochs 8 --eval-every 0)
+# dflt (DALI on the sample set, `default` mode) and sdflt (its synthetic twin): bench/device_env.sh
 one=(--synthetic-steps 78); two=(--synthetic-steps 39 --nproc-per-node 2)  # 1 GPU; DDP per rank
 stream=(--dali-handoff stream)
 echo "$SECONDS s: phase 1: sample set; synthetic data, 1 GPU side by side, then DDP"
 sample_set 'SampleSpec(train_per_class=2000)'
-pair s-1gpu-gpu0 "${sdf[@]}" "${one[@]}" -- s-1gpu-gpu1 "${sdf[@]}" "${one[@]}"
-go ddp && run_on s-ddp2 0,1 "${sdf[@]}" "${two[@]}"
+pair s-1gpu-gpu0 "${sdflt[@]}" "${one[@]}" -- s-1gpu-gpu1 "${sdflt[@]}" "${one[@]}"
+go ddp && run_on s-ddp2 0,1 "${sdflt[@]}" "${two[@]}"
 wait_for $b/DALI_READY && wait_for $b/SAMPLE || {
   echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
 echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); GPU1 the log-step GPU test"
@@ -62,6 +56,6 @@ go ddp && run_on d-ddp2-stream-3 0,1 "${dflt[@]}" --nproc-per-node 2 "${stream[@
 echo "$SECONDS s: the references again"
 pair d-1gpu-stream-gpu0-2 "${dflt[@]}" "${stream[@]}" -- d-1gpu-gpu1-2 "${dflt[@]}"
 pair d-1gpu-gpu0-2 "${dflt[@]}" -- d-1gpu-stream-gpu1-2 "${dflt[@]}" "${stream[@]}"
-go ddp && run_on s-ddp2-2 0,1 "${sdf[@]}" "${two[@]}"
+go ddp && run_on s-ddp2-2 0,1 "${sdflt[@]}" "${two[@]}"
 echo "$SECONDS s: done"
 touch $b/PIPE_DONE

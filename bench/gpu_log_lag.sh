@@ -21,15 +21,11 @@
 # Expected: DALI's cost down from 3.0-3.2% by up to 1% (the between-step idle that log syncs
 # cause), DDP's per-GPU scaling up by up to 1%. Sequencing checked with stub commands only.
 # PIPE_LIMIT (default 1,260 s after call 1) stops `pipe` starting runs after that long.
-set -uo pipefail
-part=${1:?a, b, w or pipe}
-out=${OUT:-gpu-out}; mkdir -p "$out"
-b=/tmp/bench; mkdir -p $b
 
 report() { tail -4 $b/tests.txt 2>/dev/null; report_runs log-lag.tar.gz; }
 
 source bench/visit.sh
-visit "$part" bench/gpu_log_lag.sh 1260
+visit "${1:-}" bench/gpu_log_lag.sh 1260
 
 # ---- pipe: in the background from a; $b/PIPE_DONE at the end ---------------------------------
 # the runs' flags (auto, syn, dali, dflt) are bench/device_env.sh's

@@ -1,14 +1,19 @@
 # The calls of one visit to the GPU machine, for a bench/gpu_*.sh script whose work runs in one
-# background `pipe` (docs/GPU-MACHINE.md). The script sets b, defines report(), then calls
-#   visit "$part" bench/gpu_NAME.sh LIMIT   (LIMIT: the pipe's default limit, in seconds)
+# background `pipe` (docs/GPU-MACHINE.md). The script defines report(), sources this file (which
+# sets the options, $out, the folder that comes back, and $b, the visit's working folder), then
+#   visit "${1:-}" bench/gpu_NAME.sh LIMIT   (LIMIT: the pipe's default limit, in seconds)
 # a: starts `bench/gpu_NAME.sh pipe` in the background and returns once the pipe has touched
 #    $b/STARTED (its first imports done before the next call copies the working tree again).
 # b: unpacks DALI from the stash, marks it ready ($b/DALI_READY), then does what w does.
 # w: waits up to 540 s for $b/PIPE_DONE, reports, and says whether the pipe is done.
 # pipe: installs fasttrain (bench/device_env.sh), sets the pipe's limit (PIPE_LIMIT, or the
 #    script's default, the third argument) for `go` and `wait_for`, and returns: the pipe runs on.
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+b=/tmp/bench; mkdir -p $b
+
 visit() {
-  local part=$1 script=$2
+  local part=${1:?a, b, w or pipe} script=$2
   case $part in
     a)
       NO_DALI=1 source bench/device_env.sh
