@@ -11,8 +11,9 @@ Over the same in-epoch intervals, the wall time per step splits in two: the GPU 
 step (the log's ``gpu_step_ms``, from CUDA events around each step) and the rest
 (``outside_step_ms``): the batch copy and the GPU waiting between steps, for a batch or for the
 host after a log step. ``gpu_step_sd_ms`` is how much the steps' GPU times vary within an
-interval (pooled over the intervals; logged since the tenth session): under DDP each step runs
-at the slower rank's pace, so one GPU's spread is what two ranks lose to each other.
+interval (pooled over the intervals; logged since the tenth session). Under DDP it also holds
+the waits for the other rank; one GPU's spread did not predict DDP's loss (BENCHMARKS.md,
+eleventh session: halving it left scaling where it was).
 
 Usage: python bench/epoch_rates.py RUN [RUN ...], each RUN a run's output directory or, where
 only that came back from the GPU machine, the text of its log (as printed, or a rank's

@@ -7,7 +7,8 @@
 # buckets: one bucket, so exposed, about 0.25 ms at NVLink's rate) and the ranks' step-to-step
 # spread. `--ddp-comm-hook bf16` halves the bytes: expected +0.1 ms per step, +0.3%, as in the
 # seventh session (+0.3%, within the run-to-run spread). This call measures the default a third
-# time in a third call, beside bf16, interleaved.
+# time in a third call, beside bf16, interleaved. Ran in the eleventh session (BENCHMARKS.md):
+# 95.0-95.5% at the defaults, bf16 95.3-95.4%, no difference.
 # Kind nvidia-h200-x2. One visit of back-to-back calls (docs/GPU-MACHINE.md):
 #   call 1, carrying .dali/p0, .dali/w, .dali/unpack.sh:
 #       bash .dali/unpack.sh stash > /dev/null && bash bench/gpu_ddp_margin.sh a

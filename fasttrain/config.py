@@ -243,7 +243,8 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "with --loader dali on a GPU: host (the default) launches each step once its batch is "
         "decoded; stream launches it at once, ordered after the decode on the GPU, so the host "
-        "never waits for the GPU. Measured within 0.6%% of host (BENCHMARKS.md)",
+        "never waits for the GPU. Measured within 0.6%% of host, and the same under DDP "
+        "(BENCHMARKS.md)",
         choices=("host", "stream"),
     ),
     Option(
@@ -501,8 +502,8 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "DDP gradient all-reduce: none (fp32, exact) or PyTorch's bf16 / fp16 compression hook "
         "(each bucket cast to 16 bits, all-reduced, cast back: half the bytes on the wire, at "
-        "16-bit precision of the averaged gradient; +0.3%% on two H200s over NVLink, within "
-        "noise, BENCHMARKS.md: for slower links)",
+        "16-bit precision of the averaged gradient; +0.3%% and +0.05%% on two H200s over "
+        "NVLink, within noise, BENCHMARKS.md: for slower links)",
         choices=("none", "bf16", "fp16"),
     ),
     Option(

@@ -143,8 +143,8 @@ class StepTimer:
         pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]],
     ) -> tuple[float | None, float | None]:
         """Mean and standard deviation of the GPU ms per step of ``pairs``, whose end events have
-        completed. The spread matters under DDP: every step runs at the slower rank's pace, so
-        a rank whose steps vary more costs both (None with fewer than two steps)."""
+        completed. The spread says how even the steps are; under DDP a rank's steps also hold its
+        waits for the other ranks in the all-reduce (None with fewer than two steps)."""
         times = [s.elapsed_time(e) for s, e in pairs]
         if not times:
             return None, None
