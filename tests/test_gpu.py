@@ -333,8 +333,11 @@ def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
         assert e.record["loss"] == 2.0 and e.record["top1"] == 25.0 and not e.stop
         assert 0 < e.record["img_per_s"] < BATCH / 0.02  # each interval holds its spin
         assert e.record["gpu_step_ms"] > 20 and e.record["data_wait_frac"] == 0
-        idle = e.record["gpu_idle_frac"]
-        assert 0 <= idle < 0.2, f"step {e.record['step']}: idle {idle}"  # the spin is the step
+        # reading late the host runs ahead, so the spin (the step) keeps the GPU busy; with
+        # --log-sync the GPU drains at each log step and idles while the host writes the log
+        # (0.21 of a 25 ms interval once on an H200): by design, but the spin is still most of it
+        idle, bound = e.record["gpu_idle_frac"], 0.5 if sync else 0.2
+        assert 0 <= idle < bound, f"step {e.record['step']}: idle {idle}"
 
 
 def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():
