@@ -23,7 +23,7 @@
 # all-reduce interleaved; the references again. PIPE_LIMIT (default 600 s after call 1) stops
 # `pipe` starting runs after that long: the session's device time is short.
 
-report() { tail -4 $b/tests.txt 2>/dev/null; report_runs ddp-margin.tar.gz; }
+report() { report_runs ddp-margin.tar.gz; }
 
 source bench/visit.sh
 visit "${1:-}" bench/gpu_ddp_margin.sh 600
@@ -34,12 +34,10 @@ one=(--synthetic-steps 78); two=(--synthetic-steps 39 --nproc-per-node 2)  # 1 G
 bf16=(--ddp-comm-hook bf16)
 echo "$SECONDS s: phase 1: sample set; GPU 1 the log-step GPU test; synthetic data, 1 GPU, DDP"
 sample_set 'SampleSpec(train_per_class=2000)'
-CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py -k log_step \
-  > $b/tests.txt 2>&1
+gpu_tests 1 tests/test_gpu.py -k log_step
 pair s-1gpu-gpu0 "${sdflt[@]}" "${one[@]}" -- s-1gpu-gpu1 "${sdflt[@]}" "${one[@]}"
 go ddp && run_on s-ddp2 0,1 "${sdflt[@]}" "${two[@]}"
-wait_for $b/DALI_READY && wait_for $b/SAMPLE || {
-  echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+ready_or_end
 echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); 1-GPU references with DALI"
 pair d-1gpu-gpu0 "${dflt[@]}" -- d-1gpu-gpu1 "${dflt[@]}"
 echo "$SECONDS s: DDP with DALI, fp32 and bf16 all-reduce, interleaved"

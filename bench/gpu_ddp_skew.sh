@@ -23,10 +23,10 @@
 # on a GPU); 1-GPU DALI references side by side, host then stream hand-off; DDP with DALI, host and
 # stream hand-off three times each, interleaved; the references again; synthetic DDP again.
 # Ran in the eleventh session (BENCHMARKS.md): neither expectation held; the stream hand-off kept
-# 95.3% against host's 95.3-95.6%, and it halved one GPU's sd without moving DDP. PIPE_LIMIT (default 1,200 s after call 1) stops
-# `pipe` starting runs after that long.
+# 95.3% against host's 95.3-95.6%, and it halved one GPU's sd without moving DDP. PIPE_LIMIT
+# (default 1,200 s after call 1) stops `pipe` starting runs after that long.
 
-report() { tail -4 $b/tests.txt 2>/dev/null; report_runs ddp-skew.tar.gz; }
+report() { report_runs ddp-skew.tar.gz; }
 
 source bench/visit.sh
 visit "${1:-}" bench/gpu_ddp_skew.sh 1200
@@ -39,11 +39,9 @@ echo "$SECONDS s: phase 1: sample set; synthetic data, 1 GPU side by side, then 
 sample_set 'SampleSpec(train_per_class=2000)'
 pair s-1gpu-gpu0 "${sdflt[@]}" "${one[@]}" -- s-1gpu-gpu1 "${sdflt[@]}" "${one[@]}"
 go ddp && run_on s-ddp2 0,1 "${sdflt[@]}" "${two[@]}"
-wait_for $b/DALI_READY && wait_for $b/SAMPLE || {
-  echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+ready_or_end
 echo "$SECONDS s: DALI ready; $(tail -1 $b/sample.txt); GPU1 the log-step GPU test"
-CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py -k log_step \
-  > $b/tests.txt 2>&1
+gpu_tests 1 tests/test_gpu.py -k log_step
 echo "$SECONDS s: 1-GPU references with DALI, host then stream hand-off"
 pair d-1gpu-gpu0 "${dflt[@]}" -- d-1gpu-gpu1 "${dflt[@]}"
 pair d-1gpu-stream-gpu0 "${dflt[@]}" "${stream[@]}" -- d-1gpu-stream-gpu1 "${dflt[@]}" "${stream[@]}"

@@ -22,7 +22,7 @@
 # cause), DDP's per-GPU scaling up by up to 1%. Sequencing checked with stub commands only.
 # PIPE_LIMIT (default 1,260 s after call 1) stops `pipe` starting runs after that long.
 
-report() { tail -4 $b/tests.txt 2>/dev/null; report_runs log-lag.tar.gz; }
+report() { report_runs log-lag.tar.gz; }
 
 source bench/visit.sh
 visit "${1:-}" bench/gpu_log_lag.sh 1260
@@ -38,8 +38,7 @@ run_on l-ddp-check 0,1 --loader synthetic --synthetic-steps 20 --num-classes 10 
   --image-size 64 --batch-size 64 --epochs 2 --log-every 5 --eval-every 0 --cuda-graphs \
   --nproc-per-node 2
 echo "$SECONDS s: GPU1 the log-step GPU test, then the 1-GPU DDP references"
-(CUDA_VISIBLE_DEVICES=1 python -m pytest -q -rA -p no:cacheprovider tests/test_gpu.py -k log_step \
-   > $b/tests.txt 2>&1
+(gpu_tests 1 tests/test_gpu.py -k log_step
  go ref && run_on l-1gpu-gpu1 1 "${dflt[@]}"; go ref && run_on l-1gpu-gpu1-2 1 "${dflt[@]}"
  touch $b/REFS1) &
 wait_for $b/SYNTH; wait_for $b/REFS1

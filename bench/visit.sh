@@ -43,6 +43,18 @@ visit() {
 # skips). wait_for FILE: until FILE exists or the limit passes; whether it exists.
 go() { [ $SECONDS -lt $limit ] || { echo "$SECONDS s: past the limit, skipped: $1"; return 1; }; }
 wait_for() { while [ ! -e "$1" ] && [ $SECONDS -lt $limit ]; do sleep 2; done; [ -e "$1" ]; }
+# ready_or_end: until DALI is unpacked and the sample set built; if the limit passes first, the
+# pipe ends there
+ready_or_end() {
+  wait_for $b/DALI_READY && wait_for $b/SAMPLE || {
+    echo "no DALI or no sample set"; touch $b/PIPE_DONE; exit 1; }
+}
+# gpu_tests GPU PYTEST_ARGS...: pytest on that GPU, its output in $b/tests.txt (report_runs shows
+# its end)
+gpu_tests() {
+  local gpu=$1; shift
+  CUDA_VISIBLE_DEVICES=$gpu python -m pytest -q -rA -p no:cacheprovider "$@" > $b/tests.txt 2>&1
+}
 # pair NAME0 FLAGS0 -- NAME1 FLAGS1: the two runs side by side, NAME0 on GPU 0 and NAME1 on GPU 1
 pair() {
   local n0=$1; shift; local f0=(); while [ "$1" != -- ]; do f0+=("$1"); shift; done; shift
@@ -50,11 +62,12 @@ pair() {
   go "$n0 | $n1" && { run_on "$n0" 0 "${f0[@]}" & run_on "$n1" 1 "$@"; wait; }
 }
 
-# report_runs TARBALL [TAR OPTION ...], for a script's report(): the pipe's progress, each run's
-# first step and errors, each run's rates (bench/epoch_rates.py), then $b and every run's
+# report_runs TARBALL [TAR OPTION ...], for a script's report(): the end of gpu_tests' output,
+# if any, the pipe's progress, each run's first step and errors, each run's rates (bench/epoch_rates.py), then $b and every run's
 # summary, logs, metrics and profile breakdowns in $out/TARBALL
 report_runs() {
   local tarball=$1; shift
+  tail -4 $b/tests.txt 2>/dev/null
   cat $b/pipe.txt 2>/dev/null
   grep -h "first step done\|Traceback\|rror\|capturing the training step failed" $b/runs-*.txt \
     2>/dev/null | cut -c1-220 | head -40
