@@ -23,8 +23,8 @@ def say(msg: str) -> None:
 
 
 def check_data(argv: Sequence[str]) -> int:
-    from fasttrain.config import default_exclude_list
     from fasttrain.data.check import find_bad_files, write_exclude_list
+    from fasttrain.paths import default_exclude_list
 
     p = argparse.ArgumentParser(
         prog="python -m fasttrain check-data",
@@ -92,6 +92,13 @@ def profile_summary(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     traces = find_traces(args.trace_dir)
     if not traces:
+        where = Path(args.trace_dir)
+        if where.is_dir() and (where.name == "profile" or (where / "config.yaml").is_file()):
+            raise UserError(
+                f"{args.trace_dir}: no *.pt.trace.json files: the run ended before the "
+                "profiler's schedule recorded anything; run it with more steps (--max-steps) "
+                "or a shorter --profile-wait"
+            )
         raise UserError(f"{args.trace_dir}: no *.pt.trace.json files (run with --profile first)")
     summaries = [summarize(t) for t in traces]
     for s in summaries:
@@ -166,15 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         launched = launch(argv)
         if launched is not None:
             return launched
-        from fasttrain.config import cache_dir, parse_args, resolve, resolve_parallel
+        from fasttrain.cli import parse_args
         from fasttrain.distributed import DistState
+        from fasttrain.paths import cache_dir
+        from fasttrain.resolve import resolve
 
-        cuda = torch.cuda.is_available()
-        cfg, notes = parse_args(argv, cuda_available=cuda)
-        resolve(cfg, cuda_available=cuda, notes=notes)
+        cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
         dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
         try:
-            resolve_parallel(cfg, dist.world_size, torch.cuda.device_count() if cuda else 0, notes)
+            resolve(cfg, dist, notes=notes)
             if dist.is_main:
                 for note in notes:
                     say(note)

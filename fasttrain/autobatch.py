@@ -23,14 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
-from fasttrain.model import build_configured_model
-from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.step import build_loss, build_step
 
 log = logging.getLogger("fasttrain")
 
@@ -111,7 +107,7 @@ def find_batch_size(
             run()
             torch.cuda.synchronize(device)
             peak = torch.cuda.max_memory_reserved(device) - held
-            if getattr(step, "failed", False):  # the capture failed (often: out of memory)
+            if step.capture_failed:  # the capture failed (often: out of memory)
                 peak = None
         except torch.cuda.OutOfMemoryError:
             peak = None
@@ -134,8 +130,7 @@ def find_batch_size(
 
 
 def step_builder(
-    make_model: Callable[[], nn.Module],
-    make_step: Callable[[nn.Module], Callable],
+    make_training: Callable[[], Any],
     image_size: int,
     num_classes: int,
     dtype: torch.dtype,
@@ -143,13 +138,13 @@ def step_builder(
     device: torch.device,
     steps: int,
 ) -> Callable[[int], tuple[Callable[[], None], object]]:
-    """``build`` for ``find_batch_size``: a fresh model and step per trial, fed one synthetic
-    batch for ``steps`` steps (enough for the step's warm-up and capture, then a replay)."""
+    """``build`` for ``find_batch_size``: fresh training parts per trial (``make_training``
+    returns ``builder.Training``), fed one synthetic batch for ``steps`` steps (enough for the
+    step's warm-up and capture, then a replay)."""
     from fasttrain.metrics import DeviceMeter
 
     def build(batch: int):
-        model = make_model()
-        step = make_step(model)
+        step = make_training().step
         x = torch.randn(batch, 3, image_size, image_size, device=device).to(dtype)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -166,46 +161,37 @@ def step_builder(
 
 
 def auto_batch_size(
-    cfg: Config,
-    dist: DistState,
-    resumed: tuple[str, dict[str, Any]] | None,
-    amp_dtype: torch.dtype | None,
-    kernels: set[str],
+    cfg: Config, dist: DistState, resumed: tuple[str, dict[str, Any]] | None
 ) -> int:
     """``--batch-size auto``: the checkpoint's batch when resuming (an exact resume needs it),
     else the largest that fits, measured by fasttrain.autobatch; the smallest over ranks."""
-    t = cfg.train
+    from fasttrain.builder import amp_dtype, build_training
+
     if resumed:
         batch = int(resumed[1]["config"]["train"]["batch_size"])
         log.info("--batch-size auto: %d per GPU, as %s trained", batch, resumed[0])
         return batch
     classes = cfg.model.num_classes or 1000
-    sched = build_schedule(cfg.optim, 256, 100, 1)
 
-    def make_model() -> nn.Module:
-        return build_configured_model(cfg.model, classes, dist.device, kernels)
-
-    def make_step(model: nn.Module):
-        criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
-        return build_step(
-            model=model,
-            optimizer=build_optimizer(model, cfg.optim, sched.lr_at(0), triton="sgd" in kernels),
-            criterion=criterion,
-            amp_dtype=amp_dtype,
-            scaler=scaler,
-            schedule=sched,
-            compile=False,  # see fasttrain.autobatch: eager holds more, and compiles take minutes
-            cuda_graphs=t.cuda_graphs,
+    def make_training():
+        # unwrapped: a trial runs no collective; uncompiled: see the module notes
+        return build_training(
+            cfg,
+            dist,
+            num_classes=classes,
+            global_batch=256,
+            steps_per_epoch=100,
+            parallel=False,
+            compile=False,
         )
 
     if dist.is_main:
         log.info("--batch-size auto: trying batch sizes with real steps ...")
     build = step_builder(
-        make_model,
-        make_step,
+        make_training,
         cfg.data.image_size,
         classes,
-        amp_dtype or torch.float32,
+        amp_dtype(cfg) or torch.float32,
         cfg.model.channels_last,
         dist.device,
         steps=5,  # the graph's 3 warm-up steps, its capture, one replay

@@ -1,4 +1,4 @@
-"""Atomic checkpoints and exact resume.
+"""Atomic checkpoints, the train state they hold, and exact resume.
 
 A checkpoint is written to a temporary file in the same directory, flushed, fsynced and renamed
 over its final name, then the directory is fsynced: a crash at any point leaves either the old set
@@ -14,12 +14,16 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from fasttrain.errors import UserError
+from fasttrain.config import Config, RunConfig
+from fasttrain.errors import CheckpointWriteError, UserError
+
+if TYPE_CHECKING:
+    from fasttrain.builder import Training
 
 log = logging.getLogger("fasttrain")
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
@@ -148,3 +152,155 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- the train state: what a checkpoint holds, and resuming from it ---------------------------
+
+
+def train_state(
+    cfg: Config,
+    training: Training,
+    loader_states: list[dict],
+    step: int,
+    steps_per_epoch: int,
+    global_batch: int,
+) -> dict[str, Any]:
+    """Everything an exact resume needs. The position is the optimizer step; epoch and the
+    loader's place in it are derived from it. ``loader_states``: one per rank (DALI's reader
+    state; empty for loaders whose position follows from the step)."""
+    epoch, in_epoch = divmod(step, steps_per_epoch)
+    return {
+        "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
+        "optimizer": _optimizer_state(training.optimizer),
+        "scaler": training.scaler.state_dict() if training.scaler is not None else None,
+        "step": step,
+        "epoch": epoch,
+        "loader": {
+            "epoch": epoch,
+            "start_batch": in_epoch * cfg.train.accum_steps,
+            "steps_per_epoch": steps_per_epoch,
+        },
+        "loader_state": loader_states,
+        "world_size": len(loader_states),
+        "global_batch": global_batch,
+        "rng": rng_state(),
+        "config": cfg.to_dict(),
+    }
+
+
+def write(state: dict[str, Any], run_dir: Path, keep: int) -> Path:
+    """``save_checkpoint``, with a failed write (a full disk, a lost mount) as one line that says
+    the previous checkpoint is intact."""
+    step = state["step"]
+    try:
+        return save_checkpoint(state, run_dir, step, keep)
+    except OSError as e:
+        previous = list_checkpoints(run_dir)
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of step {step} in {run_dir} ({e.strerror or e}); "
+            + (f"{previous[0].name} is intact" if previous else "no earlier checkpoint exists")
+            + ": free space or point --output-dir elsewhere, then --resume auto"
+        ) from None
+
+
+def find_resume(run: RunConfig) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint ``--resume`` names (or the newest valid one, for 'auto'), loaded."""
+    if run.resume is None:
+        return None
+    if run.resume == "auto":
+        found = latest_valid(run.output_dir)
+        if found is None:
+            log.info(
+                "--resume auto: no checkpoint in %s yet; starting from scratch", run.output_dir
+            )
+            return None
+        return str(found[0]), found[1]
+    return run.resume, load_checkpoint(run.resume)
+
+
+def loader_state_for(state: dict[str, Any], rank: int, world_size: int) -> dict | None:
+    """This rank's loader state from a checkpoint, if it was saved at the same world size."""
+    states = state.get("loader_state")
+    if not states or len(states) != world_size:
+        return None
+    return states[rank] or None
+
+
+def resume(
+    path: str,
+    state: dict[str, Any],
+    cfg: Config,
+    training: Training,
+    global_batch: int,
+    steps_per_epoch: int,
+) -> int:
+    """Load model, optimizer, scaler and RNG states; return the step to continue from.
+
+    At another global batch (another world size), the step is converted through the images
+    seen: the same epoch, and as far into it as the saved run had trained (rounded down)."""
+    _warn_config_changes(state["config"], cfg.to_dict())
+    training.model.load_state_dict(state["model"])
+    training.optimizer.load_state_dict(state["optimizer"])
+    if training.scaler is not None and state.get("scaler") is not None:
+        training.scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    step = int(state["step"])
+    saved_batch = int(state.get("global_batch", global_batch))
+    if saved_batch != global_batch:
+        epoch, in_epoch = divmod(step, int(state["loader"]["steps_per_epoch"]))
+        new_step = epoch * steps_per_epoch + in_epoch * saved_batch // global_batch
+        log.warning(
+            "resuming at global batch %d, the checkpoint's was %d (another world size): step %d "
+            "becomes step %d, in epoch %d; the LR schedule follows the new global batch",
+            global_batch,
+            saved_batch,
+            step,
+            new_step,
+            epoch,
+        )
+        step = new_step
+    log.info("resumed from %s at step %d (epoch %d)", path, step, state["epoch"])
+    return step
+
+
+def restore_in_place(state: dict[str, Any], training: Training) -> None:
+    """Copy a checkpoint's weights and momentum into the tensors the step already holds (a CUDA
+    graph keeps reading the same addresses)."""
+    training.model.load_state_dict(state["model"])  # copies into the same tensors
+    optimizer = training.optimizer
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        old = state["optimizer"]["state"].get(i, {}).get("momentum_buffer")
+        if buf is not None and old is not None:
+            buf.copy_(old)
+        elif old is not None:
+            optimizer.state[p]["momentum_buffer"] = old.to(p.device).clone()
+    if training.scaler is not None and state.get("scaler") is not None:
+        training.scaler.load_state_dict(state["scaler"])
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state with the LR as a float: the graphed step keeps it in a device
+    tensor, and a checkpoint should resume the same under any step."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:  # state_dict() copies each group: the optimizer keeps its
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
+
+
+def _warn_config_changes(old: dict, new: dict) -> None:
+    """A resume with other training settings is allowed, but not silently."""
+    ignore = {"run", "data.workers", "train.max_steps"}
+    changed = [
+        f"{s}.{k}: {v!r} -> {new[s][k]!r}"
+        for s, body in old.items()
+        if s not in ignore and s in new
+        for k, v in body.items()
+        if f"{s}.{k}" not in ignore and k in new[s] and new[s][k] != v
+    ]
+    if changed:
+        log.warning(
+            "resuming with settings that differ from the checkpoint's: %s", "; ".join(changed)
+        )

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from fasttrain.errors import UserError
+from fasttrain.errors import RuntimeFault, UserError
 
 HW_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 HW_QUEUES = "32"  # the most the driver allows
@@ -37,10 +37,8 @@ def claim_hardware_queues() -> str:
     return os.environ.setdefault(HW_QUEUES_ENV, HW_QUEUES)
 
 
-class CollectiveTimeout(UserError):
+class CollectiveTimeout(RuntimeFault):
     """A collective waited past ``--dist-timeout``: a runtime fault, not a bad flag (exit 1)."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -65,13 +63,18 @@ class DistState:
         return self.local_world_size >= self.world_size
 
     @classmethod
-    def from_env(cls, device_type: str, timeout_s: int = 600) -> DistState:
+    def from_env(cls, device_type: str = "auto", timeout_s: int = 600) -> DistState:
         """Build from RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun); defaults: one process.
+        ``device_type`` is ``--device``: auto, cuda or cpu.
 
         With several processes, start the process group: NCCL on GPUs, gloo on the CPU. A
         collective that waits longer than ``timeout_s`` fails with an error naming the rank and
         the collective instead of hanging.
         """
+        if device_type == "auto":
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device_type == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA GPU is visible; use --device cpu or auto")
         try:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             rank = int(os.environ.get("RANK", "0"))

@@ -6,14 +6,16 @@ with each rank's stop request) into pinned host memory behind a CUDA event, and 
 interval before it, whose event is ``--log-every`` steps old and long complete. So every log
 line comes one interval late, and the steady state has no host sync at all. Throughput is
 images over the time between two log steps' events on the training stream: what the GPU did,
-its idle time included. ``--log-sync`` is the simple reference: read at once, with a host sync
-(the GPU drains at every log step), timed on the host clock between two synchronised reads.
+its idle time included. ``Metrics(sync=True)`` is the simple reference, which the tests hold to
+the same records: read at once, with a host sync (the GPU drains at every log step), timed on
+the host clock between two synchronised reads.
 
 Two figures say whether input holds the GPU back, and they differ: ``data_wait_frac`` is the
 host's share of its own time spent fetching batches (the host runs ahead, and with DALI it waits
 there for a batch whose decoding shares the busy GPU); ``gpu_idle_frac`` is the GPU's
 share of the interval outside the steps (CUDA events around each step), which is what a starving
-loader, or a host that falls behind, costs.
+loader, or a host that falls behind, costs. The progress line shows the second, and the first
+only when the GPU idles too (``progress_text``).
 """
 
 from __future__ import annotations
@@ -148,6 +150,26 @@ def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
     return sum(iv[1] for iv in kept) / seconds if seconds > 0 else None
 
 
+INPUT_BOUND = 0.05  # the GPU idle (and the host waiting for data) this share of the time
+
+
+def progress_text(rate: float, record: dict[str, Any]) -> str:
+    """What limits the run, for the progress line: img/s, how busy the GPU was, and the
+    loader's share only when the run actually waits for data. With DALI the host waits in the
+    loader most of the time while the GPU is busy (decode shares the GPU): that wait is not a
+    bottleneck, so it is shown only when the GPU was idle too (on the CPU, where the host does
+    the work, when the host waited)."""
+    text = f"{rate:,.0f} img/s"
+    idle, wait = record["gpu_idle_frac"], record["data_wait_frac"]
+    if idle is not None:
+        text += f", GPU busy {100 * (1 - idle):.1f}%"
+        if record["gpu_step_ms"] is not None:
+            text += f" ({record['gpu_step_ms']:.1f} ms/step)"
+    if wait >= INPUT_BOUND and (idle is None or idle >= INPUT_BOUND):
+        text += f", waiting for data {100 * wait:.0f}% of the time"
+    return text
+
+
 class Metrics:
     """Owns the progress bar, TensorBoard writer and JSONL file (main process only), and the
     log steps' timing: one interval in flight between log steps (module notes)."""
@@ -164,7 +186,7 @@ class Metrics:
         sync: bool = False,
         timer: StepTimer | None = None,
     ):
-        """``sync``: read each log step's interval at once, with a host sync (``--log-sync``).
+        """``sync``: read each log step's interval at once, with a host sync (the reference).
         ``timer``: the steps' GPU times, read with their interval."""
         self.is_main = is_main
         self.timer = timer
@@ -262,7 +284,7 @@ class Metrics:
         that would wait (after a fault, when the GPU or a collective may never finish)."""
         if self.pending is None:
             return []
-        # the end mark follows the reading's copy on the same stream (or, with --log-sync, the
+        # the end mark follows the reading's copy on the same stream (or, with ``sync``, the
         # reading was waited for already): once it has landed, so has the reading
         if only_if_landed and not self.clock.landed(self.pending["end"]):
             return []
@@ -307,20 +329,13 @@ class Metrics:
             "perf/peak_mem_gib": record["peak_mem_gib"],
         }
         self._emit(record, {k: v for k, v in scalars.items() if v is not None}, iv["step"])
-        gpu = f" gpu {gpu_ms:.1f} ms/step" if gpu_ms is not None else ""
-        if gpu_sd is not None:
-            gpu += f" (sd {gpu_sd:.2f})"
-        if idle is not None:
-            gpu += f", idle {100 * idle:.1f}%"
         line = (
             f"epoch {iv['epoch']} step {iv['step']}: loss {loss:.4f} top1 {top1:.1f}% "
-            f"lr {iv['lr']:.4g} {rate:,.0f} img/s data-wait "
-            f"{100 * record['data_wait_frac']:.0f}%{gpu}"
+            f"lr {iv['lr']:.4g} | {progress_text(rate, record)}"
         )
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(
-                f"loss {loss:.3f} lr {iv['lr']:.3g} {rate:,.0f} img/s "
-                f"wait {record['data_wait_ms']:.1f} ms{gpu}"
+                f"loss {loss:.3f} lr {iv['lr']:.3g} | {progress_text(rate, record)}"
             )
             log.debug(line)
         else:

@@ -70,13 +70,20 @@ def build_schedule(
     )
 
 
+def flat_gradients(cfg: OptimConfig, triton: bool = False) -> bool:
+    """Whether ``build_optimizer`` builds fasttrain's Triton SGD / LARS, whose gradients are
+    views of one flat buffer: they must be zeroed in place, never set to None, and DDP (which
+    owns its own gradient buckets) cannot use them."""
+    return triton or cfg.opt == "lars"
+
+
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, initial_lr: float, triton: bool = False
 ) -> torch.optim.Optimizer:
     """torch's fused SGD, or fasttrain's Triton SGD / LARS over flat buffers (``triton`` or
     ``--opt lars``): the same update rule for SGD, held together by tests/test_kernels.py."""
     groups = param_groups(model, cfg.weight_decay, cfg.bn_weight_decay)
-    if triton or cfg.opt == "lars":
+    if flat_gradients(cfg, triton):
         from fasttrain.kernels.sgd import FusedSGD
 
         return FusedSGD(

@@ -8,9 +8,9 @@ never carry a ``module.`` prefix and evaluation runs no collective of DDP's.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
-import torch._dynamo
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -22,18 +22,26 @@ from fasttrain.distributed import DistState
 COMM_HOOKS = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
 
 
-def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
-    """The module the training step calls: ``model`` itself, or DDP / DataParallel around it."""
+@dataclass(frozen=True)
+class Wrapped:
+    """The module the training step calls, and the side stream DDP was built on, if any: under
+    --cuda-graphs DDP's reducer binds to the stream it is built on, so the graphed step must warm
+    up and capture on that same stream (PyTorch CUDA notes)."""
+
+    net: nn.Module
+    side_stream: torch.cuda.Stream | None = None
+
+
+def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> Wrapped:
+    """``model`` itself, or DDP / DataParallel around it, as ``--strategy`` says."""
     if t.strategy == "dp":
-        return nn.DataParallel(model)
+        return Wrapped(nn.DataParallel(model))
     if t.strategy != "ddp":
-        return model
+        return Wrapped(model)
     if t.sync_bn:
         # converts in place module by module; the raw model's BN layers become SyncBatchNorm
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     gpu = dist.device.type == "cuda"
-    # under --cuda-graphs, DDP must be built on a side stream: its reducer binds to the stream
-    # it is built on, and the graph is captured on a side stream (PyTorch CUDA notes)
     side = torch.cuda.Stream(dist.device) if gpu and t.cuda_graphs else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dist.device))
@@ -50,19 +58,13 @@ def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> nn.Module:
         ddp.register_comm_hook(None, COMM_HOOKS[t.ddp_comm_hook])
     if side is not None:
         torch.cuda.current_stream(dist.device).wait_stream(side)
-        ddp.fasttrain_side_stream = side  # the graphed step warms up and captures on it
-    if t.compile and t.ddp_compile == "compiled-autograd":
-        # the backward is traced at run time with DDP's all-reduces in it, instead of dynamo
-        # splitting the forward at bucket boundaries (DDPOptimizer)
-        torch._dynamo.config.optimize_ddp = "python_reducer"
-        torch._dynamo.config.compiled_autograd = True
-    return ddp
+    return Wrapped(ddp, side)
 
 
 def ddp_bucket_cap_mb(t: TrainConfig, dist: DistState) -> int:
     """``--bucket-cap-mb``, or for auto: 100 MB on one node, where fewer, larger all-reduces
-    ran faster inside the graph (two H200s, BENCHMARKS.md); PyTorch's 25 MB across nodes,
-    where overlapping more of the all-reduce with the backward matters more (not measured)."""
+    ran faster inside the graph (BENCHMARKS.md); PyTorch's 25 MB across nodes, where
+    overlapping more of the all-reduce with the backward matters more (not measured)."""
     if t.bucket_cap_mb is not None:
         return t.bucket_cap_mb
     return 100 if dist.one_node else 25
@@ -72,10 +74,6 @@ def ddp_description(t: TrainConfig, dist: DistState) -> str:
     """How DDP reduces, for the run's log: bucket size and any compression hook."""
     hook = f", {t.ddp_comm_hook} all-reduce" if t.ddp_comm_hook != "none" else ""
     return f"ddp ({ddp_bucket_cap_mb(t, dist)} MB buckets{hook})"
-
-
-def raw_module(net: nn.Module) -> nn.Module:
-    return net.module if isinstance(net, DistributedDataParallel | nn.DataParallel) else net
 
 
 def average_bn_statistics(model: nn.Module, dist: DistState) -> None:

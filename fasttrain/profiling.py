@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,14 +29,20 @@ log = logging.getLogger("fasttrain")
 
 
 class RunProfiler:
-    def __init__(self, cfg: RunConfig, run_dir: Path, dist: DistState):
+    def __init__(self, cfg: RunConfig, run_dir: Path, dist: DistState, steps: int):
+        """``steps``: how many steps this run will train, to warn when the schedule's first
+        recording would come after the run has ended."""
         self.enabled = cfg.profile
         self.dist = dist
         self.trace_dir = Path(run_dir) / "profile"
         self.prof: torch.profiler.profile | None = None
         self.cycles = 0
+        self.steps_seen = 0
         if not self.enabled:
             return
+        self.needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
+        if steps < self.needed and dist.is_main:
+            log.warning("--profile: %s", self.too_short(steps))
         from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
         activities = [ProfilerActivity.CPU]
@@ -55,6 +62,14 @@ class RunProfiler:
             on_trace_ready=self._ready,
         )
 
+    def too_short(self, steps: int) -> str:
+        return (
+            f"this run trains {steps} step{'s' if steps != 1 else ''}, but the profiler "
+            f"records only after --profile-wait + --profile-warmup + --profile-active = "
+            f"{self.needed} steps, so it writes no trace; lower --profile-wait, or raise "
+            "--max-steps"
+        )
+
     def _ready(self, prof: torch.profiler.profile) -> None:
         self.handler(prof)
         self.cycles += 1
@@ -70,6 +85,7 @@ class RunProfiler:
     def step(self) -> None:
         if self.prof is not None:
             self.prof.step()
+            self.steps_seen += 1
             self._tag()
 
     def _tag(self) -> None:
@@ -82,6 +98,8 @@ class RunProfiler:
         if self.prof is not None:
             self.prof.stop()
             self.prof = None
+            if self.cycles == 0 and self.dist.is_main:
+                log.warning("--profile: no trace written: %s", self.too_short(self.steps_seen))
 
     def traces(self) -> list[Path]:
         return sorted(self.trace_dir.glob(f"rank{self.dist.rank}.*.pt.trace.json*"))
@@ -149,3 +167,25 @@ class StepTimer:
         if not times:
             return None, None
         return statistics.fmean(times), statistics.pstdev(times) if len(times) > 1 else None
+
+
+def report_profile(
+    profiler: RunProfiler, log_profile: Callable[[int, dict[str, float]], None], step: int
+) -> dict[str, Any]:
+    """This rank's breakdown of each trace: logged as a table, saved as JSON, and handed to
+    ``log_profile`` (TensorBoard's ``profile/<part>_ms``, from the main process)."""
+    from dataclasses import asdict
+
+    from fasttrain.breakdown import StepTimes, after_first, mean, summarize, table
+
+    summaries = [summarize(p) for p in profiler.traces()]  # each trace read once
+    for s in summaries:
+        log.info("%s", table(s))
+    overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
+    out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
+    path = profiler.trace_dir / f"breakdown-rank{profiler.dist.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    if overall is not None:
+        log_profile(step, asdict(overall))
+    return {"breakdown": str(path), "mean_ms": out["mean_ms"]}

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from fasttrain.config import Config, save_resolved
+from fasttrain.cli import save_resolved
+from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
@@ -30,12 +31,28 @@ from fasttrain.torch_fixes import keep_coordinate_descent_results
 
 log = logging.getLogger("fasttrain")
 Batch = tuple[torch.Tensor, torch.Tensor]
+# ordinary steps before capture: enough for compile, cuDNN autotuning and lazy state; DDP
+# rebuilds its buckets after its first steps, so it wants 11 (PyTorch CUDA notes)
+GRAPH_WARMUP = 3
+GRAPH_WARMUP_DDP = 11
+
+
+class TrainStep(Protocol):
+    """One optimizer step over ``accum_steps`` micro-batches: ``step(batches, meter, index)``."""
+
+    description: str  # for the run's log: eager, compiled, + CUDA graph
+    capture_s: float | None  # how long the CUDA-graph capture took; None if nothing was captured
+    capture_failed: bool  # a capture was tried and failed: the step runs ungraphed
+
+    def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None: ...
 
 
 class EagerStep:
     """The reference step; ``__call__(batches, meter, step)`` trains one optimizer step."""
 
     description = "eager"
+    capture_s: float | None = None
+    capture_failed = False
 
     def __init__(
         self,
@@ -45,13 +62,17 @@ class EagerStep:
         amp_dtype: torch.dtype | None,
         scaler: torch.amp.GradScaler | None,
         schedule: Schedule,
+        grads_in_place: bool = False,
     ):
+        """``grads_in_place``: the optimizer's gradients live in fixed buffers that must be
+        zeroed, never set to None (fasttrain's flat-buffer SGD, ``optim.flat_gradients``)."""
         self.model = model
         self.optimizer = optimizer
         self.criterion = criterion
         self.amp_dtype = amp_dtype
         self.scaler = scaler
         self.schedule = schedule
+        self.grads_in_place = grads_in_place
         self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
@@ -100,7 +121,7 @@ class EagerStep:
             self._optimizer_step()
         meter.samples += images_in(batches)
         # set to None: backward then hands over fresh gradients instead of adding into zeroed ones,
-        # one kernel fewer per parameter (measured +1.6% eager on an H200, bench/eager_overhead.py)
+        # one kernel fewer per parameter
         self.optimizer.zero_grad(set_to_none=True)
 
 
@@ -124,11 +145,12 @@ class CompiledStep(EagerStep):
 
 
 class GraphedStep:
-    """The whole step of ``base`` in one CUDA graph, captured after ``warmup`` ordinary steps.
+    """The whole step of ``base`` in one CUDA graph, captured after a few ordinary steps.
 
-    - **Warm-up:** the first ``warmup`` steps run ``base``'s work on a side stream (compile,
-      cuDNN autotuning, lazy state such as momentum buffers and, under DDP, the reducer's
-      buckets); they are real training steps. Then step ``warmup`` is captured and replayed.
+    - **Warm-up:** the first ``GRAPH_WARMUP`` steps (``GRAPH_WARMUP_DDP`` under DDP) run
+      ``base``'s work on a side stream (compile, cuDNN autotuning, lazy state such as momentum
+      buffers and, under DDP, the reducer's buckets); they are real training steps. Then the
+      next step is captured and replayed.
     - **Inputs:** with ``fixed_inputs`` (the loader refills the same buffers every step: DALI,
       synthetic), the graph reads the loader's own tensors and a replay copies nothing. Otherwise
       the graph reads buffers of its own, and each batch is copied into them (a device copy,
@@ -142,35 +164,41 @@ class GraphedStep:
       with ``base``, ungraphed.
     """
 
-    def __init__(self, base: EagerStep, warmup: int = 3, fixed_inputs: bool = False):
+    def __init__(
+        self,
+        base: EagerStep,
+        fixed_inputs: bool = False,
+        side_stream: torch.cuda.Stream | None = None,
+    ):
+        """``side_stream``: the stream to warm up and capture on; DDP built under
+        --cuda-graphs brings the one its reducer was built on (``parallel.Wrapped``)."""
         self.base = base
         self.fixed_inputs = fixed_inputs
         self.description = f"{base.description} + CUDA graph"
-        self.warmup = warmup
+        ddp = isinstance(base.model, DistributedDataParallel)
+        self.warmup = GRAPH_WARMUP_DDP if ddp else GRAPH_WARMUP
         device = next(base.model.parameters()).device
         self.step_t = torch.zeros((), dtype=torch.int64, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[Batch] = []
         self.warmed = 0
-        self.failed = False
+        self.capture_failed = False
         self.capture_s: float | None = None
         self.meter: DeviceMeter | None = None
-        # one side stream for warm-up and capture; DDP built under --cuda-graphs brings the one
-        # its reducer was built on (parallel.wrap_model)
-        self.side = getattr(base.model, "fasttrain_side_stream", None) or torch.cuda.Stream(device)
+        self.side = side_stream or torch.cuda.Stream(device)
 
     def _body(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """One step as device work only: what warm-up runs and capture records."""
         self.lr.copy_(self.base.schedule.lr_tensor(self.step_t))
-        if getattr(self.base.optimizer, "grads_in_place", False):
+        if self.base.grads_in_place:
             self.base.optimizer.zero_grad()  # flat gradients never go None: zero them in the graph
         self.base._micro_steps(batches, meter)
         self.base._optimizer_step()
         self.step_t += 1
 
     def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
-        if self.failed:
+        if self.capture_failed:
             return self.base(batches, meter, step)
         if self.graph is None:
             if self.warmed == 0:  # the optimizer reads its LR from the device from now on
@@ -215,7 +243,7 @@ class GraphedStep:
         try:
             graph, _ = capture(lambda: self._body(self.static, meter), self.side)
         except Exception as e:  # any failure: report it, then train ungraphed
-            self.failed = True
+            self.capture_failed = True
             self.static = []
             self.base.optimizer.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
@@ -268,13 +296,14 @@ def build_step(
     compile: bool,
     compile_options: dict[str, Any] | None = None,
     cuda_graphs: bool = False,
-    graph_warmup: int = 3,
     fixed_inputs: bool = False,
+    grads_in_place: bool = False,
+    side_stream: torch.cuda.Stream | None = None,
 ) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
-    step, so a graph can read them in place."""
-    args = (model, optimizer, criterion, amp_dtype, scaler, schedule)
+    step (``Loader.fixed_buffers``), so a graph can read them in place."""
+    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, grads_in_place)
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
     if cuda_graphs:
-        return GraphedStep(base, warmup=graph_warmup, fixed_inputs=fixed_inputs)
+        return GraphedStep(base, fixed_inputs=fixed_inputs, side_stream=side_stream)
     return base

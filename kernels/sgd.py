@@ -102,7 +102,6 @@ class FusedSGD(torch.optim.Optimizer):
     """SGD (or LARS) over flat buffers. Groups may set ``weight_decay``; LARS applies to the
     groups whose weight decay is non-zero. ``lr`` may be a float or a 0-d device tensor."""
 
-    grads_in_place = True  # a CUDA graph must zero the gradients itself (GraphedStep does)
     # GradScaler (fp16) then sets ``grad_scale`` and ``found_inf`` (device tensors) before step()
     # instead of unscaling with a host read of the inf check: the kernel unscales and skips on
     # the device, so the fp16 step fits in a CUDA graph (as torch's fused SGD does)

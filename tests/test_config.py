@@ -1,26 +1,31 @@
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from fasttrain.config import (
-    FASTEST_COMPILE_MODE,
-    INDUCTOR_DEFAULTS,
-    OPTIONS,
-    SECTIONS,
-    Config,
-    build_parser,
-    config_dir,
-    inductor_options,
-    load_yaml,
-    parse_args,
-    resolve,
-    resolve_parallel,
-    save_resolved,
-)
+from fasttrain.cli import build_parser, load_yaml, parse_args, save_resolved
+from fasttrain.config import OPTIONS, SECTIONS, Config
+from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
+from fasttrain.paths import config_dir
+from fasttrain.resolve import FASTEST_COMPILE_MODE, inductor_options, resolve
 from fasttrain.step import compile_kwargs
+
+
+def launch(cuda: bool = True, world: int = 1, nodes: int = 1) -> DistState:
+    """The distributed state of rank 0 of a launch, on a GPU or the CPU (no process group)."""
+    device = torch.device("cuda" if cuda else "cpu", 0 if cuda else None)
+    return DistState(0, 0, world, device, local_world_size=world // nodes)
+
+
+def resolved(argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None) -> Config:
+    cfg = parse_args(argv, cuda_available=cuda)[0]
+    gpus = (max(world, 1) if cuda else 0) if gpus is None else gpus
+    return resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -61,11 +66,32 @@ def test_flags_override_the_recipe_which_overrides_defaults(tmp_path):
     assert cfg.train.amp == "fp16"
 
 
-def test_every_option_maps_to_a_field_and_back():
+def test_every_field_declares_its_option_once():
     keys = {o.key for o in OPTIONS}
     fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     assert keys == fields
     assert len({o.flag for o in OPTIONS}) == len(OPTIONS)
+    assert all(o.help and o.type in (int, float, str, bool) for o in OPTIONS)
+    assert next(o for o in OPTIONS if o.key == "train.batch_size").type is int
+
+
+def test_the_schema_imports_nothing_of_the_package_and_parsing_no_torch():
+    code = (
+        "import sys, fasttrain.config as c; "
+        "print(sorted(m for m in sys.modules if m.startswith('fasttrain'))); "
+        "import fasttrain.cli; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["['fasttrain', 'fasttrain.config']", "False"]
+
+
+def test_flags_that_measured_no_gain_are_gone():
+    for flag in ("--dali-handoff", "--dali-pipelines", "--no-dali-antialias", "--log-sync"):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["--data", "/d", flag, *(["2"] if "pipelines" in flag else [])], True)
+        assert e.value.code == 2, flag
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "/d", "--ddp-compile", "compiled-autograd"], True)
 
 
 def test_help_documents_every_flag_named_as_the_references_do():
@@ -161,26 +187,25 @@ def test_no_data_picks_the_sample_recipe_for_the_hardware():
 
 
 def test_resolve_fills_auto_values_for_the_device():
-    cfg = resolve(
-        parse_args(["--data", "/d"], cuda_available=False)[0], cuda_available=False, cpu_count=2
-    )
+    cfg = resolved(["--data", "/d"], cuda=False, cpus=2)
     assert cfg.train.device == "cpu" and cfg.train.amp == "off" and cfg.data.workers == 2
     assert cfg.run.output_dir.startswith("runs/")
-    cfg = resolve(
-        parse_args(["--data", "/d", "--name", "x"], cuda_available=True)[0],
-        cuda_available=True,
-        cpu_count=64,
-    )
+    cfg = resolved(["--data", "/d", "--name", "x"], cuda=True, cpus=64)
     assert cfg.train.device == "cuda" and cfg.train.amp == "bf16" and cfg.data.workers == 16
     assert cfg.run.output_dir == "runs/x"
     with pytest.raises(UserError, match="--amp fp16 needs a CUDA GPU"):
-        resolve(parse_args(["--data", "/d", "--amp", "fp16"], cuda_available=False)[0], False)
+        resolved(["--data", "/d", "--amp", "fp16"], cuda=False)
+
+
+def test_device_cuda_without_a_gpu_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="--device cuda: no CUDA GPU"):
-        resolve(parse_args(["--data", "/d", "--device", "cuda"], cuda_available=False)[0], False)
+        DistState.from_env("cuda")
+    assert DistState.from_env("auto").device.type == "cpu"
 
 
 def test_resolved_config_round_trips_through_config(tmp_path):
-    cfg = resolve(parse_args(["--data", "/d", "--lr", "0.3", "--max-steps", "7"], False)[0], False)
+    cfg = resolved(["--data", "/d", "--lr", "0.3", "--max-steps", "7"], cuda=False)
     save_resolved(cfg, tmp_path / "config.yaml")
     again, _ = parse_args(["--config", str(tmp_path / "config.yaml")], cuda_available=False)
     assert again == cfg
@@ -201,44 +226,15 @@ def test_shipped_recipes_are_valid():
 def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot():
     def loader(cuda, dali):
         notes = []
-        cfg = parse_args(["--data", "/d"], cuda_available=cuda)[0]
-        resolve(cfg, cuda_available=cuda, dali_available=dali, notes=notes)
+        cfg = resolved(["--data", "/d"], cuda=cuda, dali=dali, notes=notes)
         return cfg.data.loader, notes
 
     assert loader(True, True) == ("dali", [])
     chosen, notes = loader(True, False)
     assert chosen == "torchvision" and 'pip install -e ".[dali]"' in notes[0]
     assert loader(False, True) == ("torchvision", [])  # no GPU: the CPU reference loader
-    cfg = parse_args(["--data", "/d", "--loader", "torchvision"], cuda_available=True)[0]
-    assert resolve(cfg, True, dali_available=True).data.loader == "torchvision"  # explicit wins
-
-
-def test_stream_hand_off_applies_to_dali_on_a_gpu_and_says_when_it_does_not():
-    def handoff(cuda, *flags):
-        notes = []
-        cfg = parse_args(["--data", "/d", "--dali-handoff", "stream", *flags], cuda)[0]
-        resolve(cfg, cuda_available=cuda, dali_available=True, notes=notes)
-        return cfg.data.dali_handoff, notes
-
-    assert handoff(True) == ("stream", [])
-    for cuda, flags, why in ((False, (), "no GPU"), (True, ("--loader", "torchvision"), "torchv")):
-        value, notes = handoff(cuda, *flags)
-        assert value == "host"  # the saved config says what ran
-        assert len(notes) == 1 and "--dali-handoff stream" in notes[0] and why in notes[0]
-
-
-def test_dali_antialias_is_on_by_default_and_turning_it_off_is_the_dali_loaders_alone():
-    def antialias(*flags):
-        notes = []
-        cfg = parse_args(["--data", "/d", *flags], True)[0]
-        resolve(cfg, cuda_available=True, dali_available=True, notes=notes)
-        return cfg.data.dali_antialias, notes
-
-    assert antialias() == (True, [])
-    assert antialias("--no-dali-antialias") == (False, [])
-    value, notes = antialias("--no-dali-antialias", "--loader", "torchvision")
-    assert value is True  # the saved config says what ran
-    assert len(notes) == 1 and "--no-dali-antialias" in notes[0] and "torchvision" in notes[0]
+    explicit = resolved(["--data", "/d", "--loader", "torchvision"], dali=True)
+    assert explicit.data.loader == "torchvision"  # explicit wins
 
 
 def test_hw_decoder_load_is_a_fraction(tmp_path):
@@ -246,8 +242,8 @@ def test_hw_decoder_load_is_a_fraction(tmp_path):
         parse_args(["--data", "/d", "--dali-hw-decoder-load", "1.5"], cuda_available=True)
 
 
-def _resolved(*flags, cuda=True, notes=None):
-    return resolve(parse_args(["--data", "/d", *flags], cuda)[0], cuda, notes=notes)
+def _resolved(*flags, cuda=True, notes=None, world=1, gpus=None):
+    return resolved(["--data", "/d", *flags], cuda=cuda, notes=notes, world=world, gpus=gpus)
 
 
 def test_compile_settings_are_checked_together():
@@ -260,7 +256,7 @@ def test_compile_settings_are_checked_together():
         "max_autotune_gemm_backends": "ATEN,TRITON",
     }
     default = _resolved("--compile", "--compile-mode", "default").train.inductor_options
-    assert inductor_options(default) == dict.fromkeys(INDUCTOR_DEFAULTS, True)
+    assert inductor_options(default) == {}
     assert _resolved().train.inductor_options is None  # nothing to compile, nothing claimed
     for flags, message in [
         (["--compile-mode", "max-autotune-no-cudagraphs"], "add --compile"),
@@ -293,9 +289,7 @@ def test_compile_kwargs_merge_a_mode_with_options():
 
 def test_auto_compile_mode_is_the_fastest_measured_except_where_tuning_outlasts_the_run():
     def chosen(*flags, cuda=True, sample=False):
-        t = resolve(
-            parse_args([*(() if sample else ("--data", "/d")), *flags], cuda)[0], cuda
-        ).train
+        t = resolved([*(() if sample else ("--data", "/d")), *flags], cuda=cuda).train
         return t.compile_mode, inductor_options(t.inductor_options)
 
     tuned = {"coordinate_descent_tuning": True}
@@ -318,10 +312,10 @@ def test_auto_compile_mode_is_the_fastest_measured_except_where_tuning_outlasts_
 
 
 def test_parallel_settings_are_checked_against_the_launch():
-    assert resolve_parallel(_resolved(), 1, 1).train.strategy == "none"
-    assert resolve_parallel(_resolved(), 4, 4).train.strategy == "ddp"
-    assert resolve_parallel(_resolved("--strategy", "ddp"), 1, 1).train.strategy == "none"
-    assert resolve_parallel(_resolved("--strategy", "dp"), 1, 2).train.strategy == "dp"
+    assert _resolved(world=1).train.strategy == "none"
+    assert _resolved(world=4).train.strategy == "ddp"
+    assert _resolved("--strategy", "ddp", world=1).train.strategy == "none"
+    assert _resolved("--strategy", "dp", gpus=2).train.strategy == "dp"
     for flags, world, gpus, message in [
         (["--strategy", "none"], 2, 2, "each process would otherwise train its own copy"),
         (["--strategy", "dp", "--cuda-graphs"], 1, 2, "cannot run --cuda-graphs"),
@@ -329,15 +323,14 @@ def test_parallel_settings_are_checked_against_the_launch():
         (["--strategy", "dp"], 1, 1, "it needs at least 2"),
     ]:
         with pytest.raises(UserError, match=message):
-            resolve_parallel(_resolved(*flags), world, gpus)
+            _resolved(*flags, world=world, gpus=gpus)
     with pytest.raises(UserError, match="needs CUDA GPUs"):
-        resolve_parallel(_resolved("--strategy", "dp", cuda=False), 1, 0)
+        _resolved("--strategy", "dp", cuda=False)
 
 
 def test_triton_kernels_are_named_checked_and_need_a_gpu():
     t = _resolved("--triton-kernels", "xent,sgd", "--loader", "synthetic").train
     assert t.triton_kernels == "sgd,xent"  # canonical order
-    assert _resolved().train.triton_kernels == "auto"  # until the strategy is known
     for flags, cuda, message in [
         (["--triton-kernels", "softmax"], True, "unknown softmax"),
         (["--triton-kernels", "xent"], False, "need a CUDA GPU"),
@@ -347,7 +340,7 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
         with pytest.raises(UserError, match=message):
             _resolved(*flags, cuda=cuda)
     with pytest.raises(UserError, match="flat buffer"):
-        resolve_parallel(_resolved("--triton-kernels", "sgd"), 2, 2)
+        _resolved("--triton-kernels", "sgd", world=2)
 
 
 @pytest.mark.parametrize(
@@ -362,8 +355,7 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
     ],
 )
 def test_auto_kernels_are_the_measured_faster_ones_where_they_apply(flags, cuda, world, expected):
-    cfg = resolve_parallel(_resolved(*flags, cuda=cuda), world, 2 if cuda else 0)
-    assert cfg.train.triton_kernels == expected
+    assert _resolved(*flags, cuda=cuda, world=world).train.triton_kernels == expected
 
 
 def test_auto_batch_size_needs_a_gpu():
@@ -373,19 +365,15 @@ def test_auto_batch_size_needs_a_gpu():
 
 
 def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypatch):
-    import torch
-
     from fasttrain.config import TrainConfig
-    from fasttrain.distributed import DistState
     from fasttrain.parallel import ddp_bucket_cap_mb
 
-    cpu = torch.device("cpu")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     here = DistState.from_env("cpu")  # one process: no process group
     assert here.one_node and here.local_world_size == 1
-    two_nodes = DistState(0, 0, 4, cpu, local_world_size=2)
+    two_nodes = launch(False, world=4, nodes=2)
     assert not two_nodes.one_node
-    assert ddp_bucket_cap_mb(TrainConfig(), DistState(0, 0, 2, cpu, local_world_size=2)) == 100
+    assert ddp_bucket_cap_mb(TrainConfig(), launch(False, world=2)) == 100
     assert ddp_bucket_cap_mb(TrainConfig(), two_nodes) == 25
     assert ddp_bucket_cap_mb(TrainConfig(bucket_cap_mb=40), two_nodes) == 40
     for flag, want in (("auto", None), ("50", 50)):
@@ -395,15 +383,14 @@ def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypa
 
 def test_ddp_only_settings_without_ddp_are_named_in_a_note():
     notes: list[str] = []
-    cfg, _ = parse_args(["--data", "/d", "--ddp-comm-hook", "bf16", "--sync-bn"], True)
-    resolve_parallel(cfg, world_size=1, gpus=1, notes=notes)
+    cfg = _resolved("--ddp-comm-hook", "bf16", "--sync-bn", notes=notes)
     assert cfg.train.strategy == "none" and cfg.train.ddp_comm_hook == "bf16"
     assert notes == [
         "--sync-bn, --ddp-comm-hook: DDP settings, unused with --strategy none (1 process)"
     ]
     quiet: list[str] = []  # with DDP they are used, and defaults are never named
-    resolve_parallel(parse_args(["--data", "/d", "--ddp-comm-hook", "bf16"], True)[0], 2, 2, quiet)
-    resolve_parallel(parse_args(["--data", "/d"], True)[0], 1, 1, quiet)
+    _resolved("--ddp-comm-hook", "bf16", world=2, notes=quiet)
+    _resolved(notes=quiet)
     assert quiet == []
     with pytest.raises(SystemExit) as e:  # an unknown hook is refused by the parser
         parse_args(["--data", "/d", "--ddp-comm-hook", "powersgd"], True)

@@ -67,28 +67,9 @@ def test_batches_are_fp16_channels_last_views_of_fixed_buffers(tiny_data):
     )
 
 
-def test_prefetch_depth_reaches_every_train_pipeline(tiny_data):
-    ld = loader(scan_folder(tiny_data).train, pipelines=2, prefetch=3)
-    assert [pipe.prefetch_queue_depth for pipe in ld.pipes] == [3, 3]
-    assert loader(scan_folder(tiny_data).train).pipes[0].prefetch_queue_depth == 4  # default
-
-
-def test_train_resize_without_antialiasing_keeps_the_crops_and_changes_the_filter(tiny_data):
-    """``antialias=False`` (NVIDIA's reference setting): the same files, crops and flips, in
-    the same layout, with only the resize filter changed, so the pixels differ a little."""
-    samples = indexed(scan_folder(tiny_data).train)
-    smooth, sharp = epoch(loader(samples)), epoch(loader(samples, antialias=False))
-    for (xa, ya), (xb, yb) in zip(smooth, sharp, strict=True):
-        assert torch.equal(ya, yb)
-        assert xb.shape == xa.shape and xb.dtype == xa.dtype
-        assert xb.is_contiguous(memory_format=torch.channels_last)
-    diff = torch.stack(
-        [
-            (xa.float() - xb.float()).abs().mean()
-            for (xa, _), (xb, _) in zip(smooth, sharp, strict=True)
-        ]
-    )
-    assert 0 < diff.mean() < 0.25 * torch.stack([x.float().std() for x, _ in smooth]).mean()
+def test_prefetch_depth_reaches_the_pipeline(tiny_data):
+    assert loader(scan_folder(tiny_data).train, prefetch=3).pipe.prefetch_queue_depth == 3
+    assert loader(scan_folder(tiny_data).train).pipe.prefetch_queue_depth == 4  # default
 
 
 def test_accumulation_gets_one_buffer_per_micro_batch(tiny_data):
@@ -144,25 +125,22 @@ def test_val_counts_every_image_once_across_ranks(tiny_data):
 
 
 @pytest.mark.parametrize(
-    "pipelines, batch_size, taken, expected",
+    "batch_size, taken, expected",
     [
-        (1, 32, 2, 4 + 6),  # 6 batches of 32 per epoch
-        (2, 16, 1, 11 + 12),  # 2 pipelines: 6 batches of 16 each
-        (2, 16, 3, 9 + 12),  # an odd count leaves the pipelines at different runs
+        (32, 2, 4 + 6),  # 6 batches of 32 per epoch
+        (16, 3, 9 + 12),  # 12 batches of 16
     ],
 )
-def test_resume_continues_with_the_samples_not_yet_seen(
-    tiny_data, pipelines, batch_size, taken, expected
-):
+def test_resume_continues_with_the_samples_not_yet_seen(tiny_data, batch_size, taken, expected):
     samples = indexed(scan_folder(tiny_data).train)
-    a = loader(samples, batch_size=batch_size, pipelines=pipelines)
+    a = loader(samples, batch_size=batch_size)
     a.set_epoch(0)
     it = iter(a)
     for _ in range(taken):
         next(it)
     state = a.state_dict()
     rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 1)
-    b = loader(samples, batch_size=batch_size, pipelines=pipelines, state=state)
+    b = loader(samples, batch_size=batch_size, state=state)
     resumed = epoch(b, 0, taken) + epoch(b, 1)
     assert len(resumed) == len(rest) == expected
     for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
@@ -171,21 +149,15 @@ def test_resume_continues_with_the_samples_not_yet_seen(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(
-    "kw",
-    [dict(handoff="stream", prefetch=2), dict(prefetch=4), dict(handoff="stream", prefetch=4)],
-)
-def test_gpu_hand_offs_and_prefetch_depths_give_the_same_batches(tiny_data, kw):
-    """On the GPU, a stream-ordered hand-off (no host wait) and a deeper prefetch yield the
-    batches that the host-synchronous hand-off at DALI's own depth (2) does, in the same order,
-    over two epochs; each batch is read at once on the training stream, so a batch read before
-    its decode finished would differ."""
+def test_gpu_prefetch_depths_give_the_same_batches(tiny_data):
+    """On the GPU, the default prefetch depth (4) yields the batches that DALI's own depth (2)
+    does, in the same order, over two epochs; each batch is read at once on the training
+    stream, so a batch read before its decode finished would differ."""
     samples = indexed(scan_folder(tiny_data).train)
     gpu = dict(device="cuda", batch_size=32)
-    base = loader(samples, **gpu, prefetch=2, handoff="host")
+    base = loader(samples, **gpu, prefetch=2)
     ref = epoch(base) + epoch(base, 1)
-    ld = loader(samples, **gpu, **kw)
-    assert ld.handoff == kw.get("handoff", "host")
+    ld = loader(samples, **gpu, prefetch=4)
     got = epoch(ld) + epoch(ld, 1)
     assert len(got) == len(ref) == 2 * (192 // 32)
     for (xa, ya), (xb, yb) in zip(ref, got, strict=True):
@@ -193,45 +165,8 @@ def test_gpu_hand_offs_and_prefetch_depths_give_the_same_batches(tiny_data, kw):
         assert (xa.float() - xb.float()).abs().max() < 0.05  # the same decode and crop
 
 
-def test_pipelines_taking_turns_split_the_shard_disjointly(tiny_data):
-    """Three pipelines per rank on two ranks: six sub-shards that still cover the set once."""
-    samples = indexed(scan_folder(tiny_data).train)  # 192 files: 32 per sub-shard, 2 batches
-    seen = []
-    for r in range(2):
-        ld = loader(samples, rank=r, world=2, pipelines=3)
-        assert len(ld) == 6
-        seen.append(torch.cat([y for _, y in epoch(ld)]))
-    assert not set(seen[0].tolist()) & set(seen[1].tolist())
-    assert sorted(torch.cat(seen).tolist()) == list(range(192))
-
-
-def test_state_from_another_pipeline_count_restarts_the_epoch_order(tiny_data):
-    samples = indexed(scan_folder(tiny_data).train)
-    a = loader(samples, pipelines=2)
-    a.set_epoch(0)
-    it = iter(a)
-    for _ in range(3):
-        next(it)
-    b = loader(samples, pipelines=3, state=a.state_dict())
-    rest = torch.cat([y for _, y in epoch(b, 0, 3)])
-    assert len(rest) == (len(b) - 3) * 16 and len(set(rest.tolist())) == len(rest)
-
-
-def test_a_one_pipeline_state_in_the_old_form_still_resumes(tiny_data):
-    samples = indexed(scan_folder(tiny_data).train)
-    a = loader(samples)
-    a.set_epoch(0)
-    it = iter(a)
-    next(it)
-    state = a.state_dict()
-    old = {"dali": state["dali"][0], "runs": state["runs"][0], "epoch": state["epoch"]}
-    rest = [y.clone() for _, y in it]
-    resumed = [y for _, y in epoch(loader(samples, state=old), 0, 1)]
-    assert all(torch.equal(p, q) for p, q in zip(rest, resumed, strict=True))
-
-
-@pytest.mark.parametrize(("pipelines", "prefetch"), [(1, 2), (2, 3)])
-def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines, prefetch):
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, prefetch):
     common = [
         "--data",
         tiny_data,
@@ -240,8 +175,6 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines, prefe
         "dali",
         "--dali-threads",
         "2",
-        "--dali-pipelines",
-        str(pipelines),
         "--dali-prefetch",
         str(prefetch),
         "--epochs",
@@ -255,26 +188,8 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, pipelines, prefe
     # must drain the epoch's padded tail exactly as the uninterrupted one does
     assert_exact_resume(run, common, tmp_path, steps=12)
     log = (tmp_path / "whole" / "log-rank0.txt").read_text()
-    plural = "s" if pipelines > 1 else ""
-    assert (
-        f"DALI loader (CPU decode, 2 threads, {pipelines} train pipeline{plural}, "
-        f"{prefetch} batches ahead, host hand-off)" in log
-    )
+    assert f"DALI loader (CPU decode, 2 threads, {prefetch} batches ahead)" in log
     assert run.records(tmp_path / "whole", "val")[-1]["images"] == 100
-
-
-def test_no_dali_antialias_reaches_the_train_pipeline_and_the_saved_config(
-    run, tiny_data, tmp_path
-):
-    out = tmp_path / "run"
-    code, _ = run(
-        "--data", tiny_data, *FAST, "--loader", "dali", "--dali-threads", "2",
-        "--no-dali-antialias", "--epochs", "1", "--output-dir", out,
-    )  # fmt: skip
-    assert code == 0
-    log = (out / "log-rank0.txt").read_text()
-    assert "host hand-off, train resize without antialiasing)" in log
-    assert "dali_antialias: false" in (out / "config.yaml").read_text()
 
 
 def test_missing_dali_is_a_one_line_error_naming_the_extra(run, tiny_data, monkeypatch):

@@ -66,7 +66,7 @@ def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> N
     torch.manual_seed(0)
     model = tiny_net()
     t = TrainConfig(strategy="ddp" if world > 1 else "none", ddp_comm_hook=hook)
-    net = wrap_model(model, t, dist)
+    net = wrap_model(model, t, dist).net
     optimizer = build_optimizer(model, OptimConfig(), 0.1)
     step = build_step(
         model=net,

@@ -147,7 +147,7 @@ def test_graph_replays_its_base_step_exactly(base):
     ref_losses = train(ref_step, data)
     model, step = make(f"{base}+graph")
     losses = train(step, data)
-    assert isinstance(step, GraphedStep) and step.graph is not None and not step.failed
+    assert isinstance(step, GraphedStep) and step.graph is not None and not step.capture_failed
     assert int(step.step_t) == 16  # the device counter the LR is computed from
     assert step.lr.item() == pytest.approx(step.base.schedule.lr_at(15), rel=1e-6)
     print(f"{base}+graph vs {base}: weights rel diff {rel(flat(model), flat(ref_model)):.1e}")
@@ -225,7 +225,7 @@ def test_fp16_grad_scaler_is_captured(triton):
     ref_losses = train(ref_step, data)
     _model, step = make("eager+graph", amp=torch.float16, triton=triton)
     losses = train(step, data)
-    assert step.graph is not None and not step.failed
+    assert step.graph is not None and not step.capture_failed
     assert losses == pytest.approx(ref_losses, rel=2e-2)
     assert step.base.scaler.get_scale() == ref_step.scaler.get_scale()
 
@@ -243,7 +243,7 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
     _model, step = make("eager+graph", criterion=SyncingLoss())
     with caplog.at_level(logging.WARNING, logger="fasttrain"):
         losses = train(step, data)
-    assert step.failed and step.graph is None
+    assert step.capture_failed and step.graph is None
     warning = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "capturing the training step failed" in warning
     assert "test_gpu.py" in warning and "loss.item()" in warning, warning
@@ -384,18 +384,17 @@ def test_auto_batch_size_settles_within_what_is_free():
     """With all but a few GiB of the GPU taken, the search settles on a batch whose real step
     (warm-up and graph capture included) peaks within the budget, after a larger one failed."""
     from fasttrain.autobatch import HEADROOM, find_batch_size, step_builder
+    from fasttrain.builder import build_training
+    from fasttrain.config import Config
+    from fasttrain.distributed import DistState
 
-    def make_step(model):
-        schedule = build_schedule(OptimConfig(), 256, 100, 1)
-        return build_step(
-            model=model,
-            optimizer=build_optimizer(model, OptimConfig(), schedule.lr_at(0)),
-            criterion=nn.CrossEntropyLoss(),
-            amp_dtype=torch.bfloat16,
-            scaler=None,
-            schedule=schedule,
-            compile=False,
-            cuda_graphs=True,
+    cfg = Config()  # ResNet-50, eager, bf16, channels_last, graphed
+    cfg.train.amp, cfg.train.cuda_graphs, cfg.train.triton_kernels = "bf16", True, "none"
+    dist = DistState(0, 0, 1, torch.device(DEV))
+
+    def make_training():
+        return build_training(
+            cfg, dist, num_classes=CLASSES, global_batch=256, steps_per_epoch=100, parallel=False
         )
 
     torch.cuda.empty_cache()
@@ -403,8 +402,7 @@ def test_auto_batch_size_settles_within_what_is_free():
     blocker = torch.empty(free - int(HEADROOM * total) - 6 * 2**30, dtype=torch.uint8, device=DEV)
     try:
         build = step_builder(
-            lambda: build_model("resnet50", CLASSES, True, DEV),
-            make_step,
+            make_training,
             224,
             CLASSES,
             torch.bfloat16,

@@ -1,17 +1,13 @@
 """One loader contract for every backend.
 
-A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last (unless
-turned off) in a float dtype (the compute dtype, or DALI's fp16, which the step casts), labels
-int64. It has ``__len__`` (batches per epoch),
-``set_epoch(epoch, start_batch)``: start an epoch, skipping the batches a resumed run has
-already trained on, and ``state_dict()``: what the loader itself must carry across a resume
-(empty for loaders whose position follows from the step; DALI's reader state otherwise).
-A loader whose batches always land in the same tensors says so with ``fixed_buffers = True``;
-the CUDA-graph step then reads them in place instead of copying them into its own.
+A loader yields fixed-shape ``(images, labels)`` already on the device: images channels_last
+(unless turned off) in a float dtype (the compute dtype, or DALI's fp16, which the step casts),
+labels int64. See ``Loader``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,10 +20,23 @@ from fasttrain.errors import UserError
 
 
 class Loader(Protocol):
-    def __len__(self) -> int: ...
-    def __iter__(self): ...
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
-    def state_dict(self) -> dict: ...
+    """What the trainer, the step and the evaluator need of a loader."""
+
+    # Every batch lands in the same tensors: a CUDA-graphed step reads them in place instead of
+    # copying each batch into buffers of its own.
+    fixed_buffers: bool
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch, whatever the resume position."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Start ``epoch``, skipping the ``start_batch`` batches a resumed run trained on."""
+
+    def state_dict(self) -> dict:
+        """What the loader itself must carry across a resume: empty where the position follows
+        from the step, DALI's reader state otherwise."""
 
 
 @dataclass
@@ -113,27 +122,14 @@ def build_data(
             threads=cfg.dali_threads,
             hw_decoder_load=cfg.dali_hw_decoder_load,
             prefetch=cfg.dali_prefetch,
-            handoff=cfg.dali_handoff,
             local_rank=dist.local_rank,
             **common,
         )
-        train = DaliLoader(
-            ds.train,
-            train=True,
-            buffers=accum_steps,
-            state=loader_state,
-            pipelines=cfg.dali_pipelines,
-            antialias=cfg.dali_antialias,
-            **dali,
-        )
+        train = DaliLoader(ds.train, train=True, buffers=accum_steps, state=loader_state, **dali)
         val = DaliLoader(ds.val, train=False, **dali)
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
-            f"{cfg.dali_threads} threads, {cfg.dali_pipelines} train pipeline"
-            f"{'s' if cfg.dali_pipelines > 1 else ''}, {cfg.dali_prefetch} batches ahead, "
-            f"{train.handoff} hand-off"
-            + ("" if cfg.dali_antialias else ", train resize without antialiasing")
-            + ")"
+            f"{cfg.dali_threads} threads, {cfg.dali_prefetch} batches ahead)"
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)

@@ -17,11 +17,8 @@ is how CI tests the real pipeline.
   which over a class-sorted list such as ImageNet's would fill batches with one or two classes.
 - **Sharding:** ``shard_id`` = global rank, ``num_shards`` = world size, ``device_id`` = local
   rank. Every rank trains on the same number of full batches (``N // world // batch``).
-- **Pipelines per rank** (``--dali-pipelines``, default 1): each is a sub-shard (``shard_id`` =
-  rank x pipelines + k) and they take turns batch by batch. Every rank still trains on the same
-  number of full batches. More than one measured slower on an H200 (BENCHMARKS.md).
 - **Resume:** the reader and RNG state come from DALI's own checkpoint (``enable_checkpointing``),
-  one per pipeline, saved with fasttrain's.
+  saved with fasttrain's.
 - **Beside a CUDA graph** DALI needs its own hardware queues: fasttrain sets
   ``CUDA_DEVICE_MAX_CONNECTIONS=32`` (``distributed.claim_hardware_queues``, docs/DESIGN.md).
 """
@@ -31,13 +28,12 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Iterator
-from contextlib import nullcontext as _nullcontext
 from typing import Any
 
 import torch
 
 from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD
-from fasttrain.errors import UserError
+from fasttrain.errors import RuntimeFault, UserError
 from fasttrain.profiling import span
 
 READER = "Reader"
@@ -47,10 +43,8 @@ DEVICE_MEMORY_PADDING = 211_025_920
 HOST_MEMORY_PADDING = 140_544_512
 
 
-class DataError(UserError):
+class DataError(RuntimeFault):
     """DALI stopped on a file it could not decode (a runtime fault, not a bad flag: exit 1)."""
-
-    exit_code = 1
 
 
 def dali_available() -> bool:
@@ -98,9 +92,7 @@ def _pipelines():
         )
 
     @pipeline_def(enable_checkpointing=True)
-    def train_pipeline(
-        files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load, antialias=True
-    ):
+    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
         jpegs, label = reader(files, labels, shard_id, num_shards, shuffle_after_epoch=True)
         images = fn.decoders.image_random_crop(
             jpegs,
@@ -110,8 +102,8 @@ def _pipelines():
             num_attempts=100,
             **decoder_args(gpu, hw_decoder_load),
         )
-        # antialias: DALI's default, as torchvision's; NVIDIA's ResNet-50 reference turns it off
-        images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=antialias)
+        # antialiased, as torchvision's resize (DALI's default)
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT16,
@@ -174,20 +166,11 @@ class DaliLoader:
         channels_last: bool,
         buffers: int = 1,
         state: dict[str, Any] | None = None,
-        prefetch: int | dict[str, int] = 4,
-        handoff: str = "host",
-        pipelines: int = 1,
-        pipeline_kw: dict[str, Any] | None = None,
-        antialias: bool = True,
+        prefetch: int = 4,
     ):
         """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
         its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
-        ``prefetch``: DALI's prefetch queue depth. ``handoff``: how a batch reaches the caller's
-        stream (see ``__iter__``): "host", "stream" or "copy_stream". ``pipelines``: train
-        pipelines on this rank, taking turns (``threads`` is split among them). ``pipeline_kw``:
-        more ``Pipeline`` arguments (executor, stream policy), for the benchmarks.
-        ``antialias``: the train resize's antialiasing filter (off: bilinear alone, as NVIDIA's
-        ResNet-50 reference pipeline, less GPU work beside the step)."""
+        ``prefetch``: DALI's prefetch queue depth."""
         require_dali()
         self.train = train
         self.batch_size = batch_size
@@ -200,52 +183,34 @@ class DaliLoader:
         files = [samples[i][0] for i in order]
         labels = [samples[i][1] for i in order]
         train_pipeline, val_pipeline = _pipelines()
-        make = train_pipeline if train else val_pipeline
-        # train: one or more pipelines per rank, each a sub-shard, taking turns batch by batch
-        # (module notes); val keeps one, which counts every image once simply
-        self.parts = pipelines if train else 1
-        states = self._states(state, self.parts)
-        self.pipes = [
-            make(
-                files,
-                labels,
-                rank * self.parts + k,
-                world * self.parts,
-                image_size,
-                gpu,
-                hw_decoder_load,
-                batch_size=batch_size,
-                num_threads=max(1, threads // self.parts),
-                device_id=local_rank if gpu else None,
-                seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
-                prefetch_queue_depth=prefetch,
-                **({"checkpoint": states["dali"][k]} if states else {}),
-                **({"antialias": antialias} if train else {}),
-                **(pipeline_kw or {}),
-            )
-            for k in range(self.parts)
-        ]
-        for pipe in self.pipes:
-            pipe.build()
-        shards = world * self.parts
-        self.runs_per_epoch = math.ceil(math.ceil(n / shards) / batch_size)  # per pipeline
-        if train:  # the same count for every rank and pipeline: fixed shapes, equal steps
-            self.batches = n // shards // batch_size * self.parts
+        self.pipe = (train_pipeline if train else val_pipeline)(
+            files,
+            labels,
+            rank,
+            world,
+            image_size,
+            gpu,
+            hw_decoder_load,
+            batch_size=batch_size,
+            num_threads=threads,
+            device_id=local_rank if gpu else None,
+            seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
+            prefetch_queue_depth=prefetch,
+            **({"checkpoint": state["dali"]} if state else {}),
+        )
+        self.pipe.build()
+        self.runs_per_epoch = math.ceil(math.ceil(n / world) / batch_size)
+        if train:  # the same count for every rank: fixed shapes, equal steps
+            self.batches = n // world // batch_size
         else:
             self.batches = self.runs_per_epoch
             begin, end = shard_bounds(n, rank, world)
             self.shard_len = end - begin
-        # runs of each pipeline into the current epoch (restored pipelines continue where saved)
-        self.runs = list(states["runs"]) if states else [0] * self.parts
-        self.epoch = states["epoch"] if states else 0
+        # runs into the current epoch (a restored pipeline continues where it was saved)
+        self.runs = state["runs"] if state else 0
+        self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
-        self.fresh = states is None  # nothing run yet, nothing restored
-        self.handoff = handoff if gpu else "host"
-        self.held = buffers  # batches the caller holds at once
-        if self.handoff == "copy_stream":  # two buffers per held batch: fill one, train on one
-            buffers *= 2
-            self.copy_stream = torch.cuda.Stream(device)
-            self.enqueued: list[torch.cuda.Event] = []
+        self.fresh = state is None  # nothing run yet, nothing restored
         # fixed output buffers: NHWC storage, handed out as channels_last NCHW views
         self.buffers = [
             (
@@ -258,66 +223,40 @@ class DaliLoader:
             for _ in range(buffers)
         ]
         self.channels_last = channels_last
-        # every batch lands in the same tensors (unless made contiguous NCHW, which copies, or
-        # double-buffered): a CUDA graph then reads them in place
-        self.fixed_buffers = channels_last and self.handoff != "copy_stream"
+        # every batch lands in the same tensors, unless made contiguous NCHW (a copy)
+        self.fixed_buffers = channels_last
 
     def __len__(self) -> int:
         return self.batches
 
-    @staticmethod
-    def _states(state: dict[str, Any] | None, parts: int) -> dict[str, Any] | None:
-        """A saved state in the per-pipeline form (a one-pipeline state from before pipelines
-        were lists is read as a list of one); None where it was saved with another number of
-        pipelines, which then restarts the epoch's order like a change of world size."""
-        if state is None:
-            return None
-        dali, runs = state["dali"], state["runs"]
-        if not isinstance(dali, list):
-            dali, runs = [dali], [runs]
-        if len(dali) != parts:
-            return None
-        return {"dali": dali, "runs": runs, "epoch": state["epoch"]}
-
-    def _taken(self, k: int, batches: int) -> int:
-        """How many of an epoch's first ``batches`` batches pipeline ``k`` made (turns)."""
-        return (batches - k + self.parts - 1) // self.parts
-
-    def _skip(self, k: int, until: int) -> None:
-        while self.runs[k] < until:
-            self.pipes[k].run()
-            self.runs[k] += 1
+    def _skip(self, until: int) -> None:
+        while self.runs < until:
+            self.pipe.run()
+            self.runs += 1
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Start ``epoch``; a resumed run's pipelines (restored from their checkpoint) are
-        already at ``start_batch``. The previous epoch's unused runs are drained first."""
+        """Start ``epoch``; a resumed run's pipeline (restored from its checkpoint) is already at
+        ``start_batch``. The previous epoch's unused runs are drained first."""
         if self.fresh and (epoch, start_batch) != (0, 0):
-            # resumed without a reader state (saved at another world size or pipeline count):
-            # take up the epoch with this order, and run past the batches already trained on
+            # resumed without a reader state (saved at another world size): take up the epoch
+            # with this order, and run past the batches already trained on
             self.epoch = epoch
-            for k in range(self.parts):
-                self._skip(k, self._taken(k, start_batch))
+            self._skip(start_batch)
         self.fresh = False
         if epoch != self.epoch:
-            for k in range(self.parts):
-                self._skip(k, self.runs_per_epoch * (epoch - self.epoch))
-            self.runs = [0] * self.parts
+            self._skip(self.runs_per_epoch * (epoch - self.epoch))
+            self.runs = 0
             self.epoch = epoch
-        expected = [self._taken(k, start_batch) for k in range(self.parts)]
-        if self.runs != expected:
+        if self.runs != start_batch:
             raise RuntimeError(
-                f"DALI pipelines are at batches {self.runs} of epoch {epoch}, "
-                f"asked for {expected} (batch {start_batch})"
+                f"the DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for "
+                f"batch {start_batch}"
             )
         self.start_batch = start_batch
 
     def state_dict(self) -> dict[str, Any]:
-        """Each pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
-        return {
-            "dali": [pipe.checkpoint() for pipe in self.pipes],
-            "epoch": self.epoch,
-            "runs": list(self.runs),
-        }
+        """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
+        return {"dali": self.pipe.checkpoint(), "epoch": self.epoch, "runs": self.runs}
 
     def _copy_out(self, images, labels, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
@@ -325,34 +264,15 @@ class DaliLoader:
 
         images_nhwc, labels_i32, labels_i64 = self.buffers[slot]
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        if self.handoff == "copy_stream":
-            # the slot's last batch (2 x held batches back) was consumed by a step the caller
-            # enqueued before it asked for the batch ``held`` back: wait for that point only
-            main = stream
-            if len(self.enqueued) > self.held:
-                self.copy_stream.wait_event(self.enqueued[-self.held - 1])
-            stream = self.copy_stream
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
-            feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
-            labels_i64.copy_(labels_i32.view(-1))  # int64 on the device, as the loss wants
-        if self.handoff == "copy_stream":
-            main.wait_stream(self.copy_stream)
+        feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
+        feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
+        labels_i64.copy_(labels_i32.view(-1))  # int64 on the device, as the loss wants
         return images_nhwc.permute(0, 3, 1, 2), labels_i64  # a channels_last view: no copy
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(self.start_batch, self.batches):
-            if self.handoff == "copy_stream":  # everything the caller enqueued up to now
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(self.device))
-                self.enqueued = [*self.enqueued[-self.held :], event]
             try:
-                k = i % self.parts  # the pipelines take turns
-                if self.handoff == "stream":  # outputs ordered on the caller's stream: no wait
-                    stream = torch.cuda.current_stream(self.device).cuda_stream
-                    images, labels = self.pipes[k].run(stream)
-                else:  # host-synchronous outputs
-                    images, labels = self.pipes[k].run()
+                images, labels = self.pipe.run()  # returns once the batch is decoded
             except RuntimeError as e:
                 if "decoders" not in str(e):
                     raise
@@ -362,7 +282,7 @@ class DaliLoader:
                     "which; run `python -m fasttrain check-data DIR` once (training then leaves "
                     "the bad files out), or use --loader torchvision, which skips them"
                 ) from None
-            self.runs[k] += 1
+            self.runs += 1
             with span("fasttrain.copy_in"):
                 x, y = self._copy_out(images, labels, i % len(self.buffers))
             if not self.train:  # padding past this rank's shard is not a sample
@@ -373,4 +293,4 @@ class DaliLoader:
                 x = x.contiguous()
             yield x, y
         if not self.train:
-            self.runs = [0]  # val stays on its shard: the next evaluation starts it again
+            self.runs = 0  # val stays on its shard: the next evaluation starts it again

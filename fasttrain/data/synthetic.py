@@ -31,8 +31,7 @@ class SyntheticLoader:
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
         self.steps = steps
         self.start_batch = 0
-
-    fixed_buffers = True  # the same tensors every step: a CUDA graph reads them in place
+        self.fixed_buffers = True  # the same tensors every step: a CUDA graph reads them in place
 
     def __len__(self) -> int:
         return self.steps

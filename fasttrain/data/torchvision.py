@@ -168,6 +168,8 @@ class DeviceLoader:
     Counts undecodable files and warns once per file.
     """
 
+    fixed_buffers = False  # each batch is a new tensor: a graphed step copies it into its own
+
     def __init__(
         self,
         loader: DataLoader,

@@ -1,0 +1,158 @@
+"""Build what a run trains with, in one place.
+
+``build_training`` makes the model, its parallel wrapper, the schedule, the optimizer, the loss
+and the step; ``build`` adds the data and the evaluator. The trainer, ``--batch-size auto``'s
+trials, the benchmarks and the tests all take their parts from here, so they train the same
+thing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fasttrain.config import Config
+from fasttrain.data import Data, build_data
+from fasttrain.distributed import DistState
+from fasttrain.errors import UserError
+from fasttrain.evaluate import Evaluator
+from fasttrain.model import build_configured_model
+from fasttrain.optim import Schedule, build_optimizer, build_schedule, flat_gradients
+from fasttrain.parallel import wrap_model
+from fasttrain.resolve import inductor_options, triton_kernels
+from fasttrain.step import TrainStep, build_loss, build_step, compile_kwargs
+
+log = logging.getLogger("fasttrain")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+
+
+@dataclass
+class Training:
+    """Everything one optimizer step touches."""
+
+    model: nn.Module  # the raw module: checkpoints and evaluation use it
+    net: nn.Module  # what the step trains: ``model``, or DDP / DataParallel around it
+    schedule: Schedule
+    optimizer: torch.optim.Optimizer
+    criterion: nn.Module
+    scaler: torch.amp.GradScaler | None
+    step: TrainStep
+
+
+@dataclass
+class Built:
+    """A whole run's parts: the data, the training parts and the evaluator."""
+
+    data: Data
+    training: Training
+    evaluator: Evaluator | None  # None when there is nothing to evaluate, or --eval-every 0
+    loader_batch: int  # the loader's batch: --batch-size, times the GPUs under DataParallel
+    global_batch: int  # images per optimizer step over every GPU and micro-batch
+    gpus: int
+    steps_per_epoch: int
+
+
+def amp_dtype(cfg: Config) -> torch.dtype | None:
+    return AMP_DTYPES[cfg.train.amp]
+
+
+def compile_options(cfg: Config) -> dict:
+    """torch.compile's keyword arguments for the resolved --compile-mode and --inductor-options."""
+    t = cfg.train
+    return compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
+
+
+def build_training(
+    cfg: Config,
+    dist: DistState,
+    *,
+    num_classes: int,
+    global_batch: int,
+    steps_per_epoch: int,
+    fixed_inputs: bool = False,
+    parallel: bool = True,
+    compile: bool | None = None,
+) -> Training:
+    """The model, wrapper, schedule, optimizer, loss and step that ``cfg`` describes.
+
+    ``fixed_inputs``: the loader refills the same tensors every step (``Loader.fixed_buffers``).
+    ``parallel=False`` leaves the model unwrapped (``--batch-size auto``'s trials, which must not
+    run collectives); ``compile`` overrides ``--compile``."""
+    t = cfg.train
+    kernels = triton_kernels(t.triton_kernels)
+    model = build_configured_model(cfg.model, num_classes, dist.device, kernels)
+    wrapped = wrap_model(model, t, dist) if parallel else None
+    net = wrapped.net if wrapped else model
+    schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
+    triton_sgd = "sgd" in kernels
+    optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton=triton_sgd)
+    criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
+    compiled = t.compile if compile is None else compile
+    step = build_step(
+        model=net,
+        optimizer=optimizer,
+        criterion=criterion,
+        amp_dtype=amp_dtype(cfg),
+        scaler=scaler,
+        schedule=schedule,
+        compile=compiled,
+        compile_options=compile_options(cfg) if compiled else None,
+        cuda_graphs=t.cuda_graphs,
+        fixed_inputs=fixed_inputs,
+        grads_in_place=flat_gradients(cfg.optim, triton_sgd),
+        side_stream=wrapped.side_stream if wrapped else None,
+    )
+    return Training(model, net, schedule, optimizer, criterion, scaler, step)
+
+
+def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
+    """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
+    auto`` is measured before this). ``loader_state`` resumes the train loader."""
+    t = cfg.train
+    kernels = triton_kernels(t.triton_kernels)
+    # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
+    replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
+    loader_batch = t.batch_size * replicas
+    global_batch = loader_batch * dist.world_size * t.accum_steps
+    data = build_data(
+        cfg.data,
+        batch_size=loader_batch,
+        num_classes=cfg.model.num_classes,
+        seed=t.seed,
+        dist=dist,
+        dtype=amp_dtype(cfg) or torch.float32,
+        channels_last=cfg.model.channels_last,
+        accum_steps=t.accum_steps,
+        triton_normalize="normalize" in kernels,
+        loader_state=loader_state,
+    )
+    steps_per_epoch = len(data.train) // t.accum_steps
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"--accum-steps {t.accum_steps}: an epoch has only {len(data.train)} "
+            "batches, fewer than one optimizer step; lower it or --batch-size"
+        )
+    training = build_training(
+        cfg,
+        dist,
+        num_classes=data.num_classes,
+        global_batch=global_batch,
+        steps_per_epoch=steps_per_epoch,
+        fixed_inputs=data.train.fixed_buffers,
+    )
+    evaluator = None
+    if data.val is not None and cfg.run.eval_every > 0:
+        evaluator = Evaluator(
+            training.model,
+            amp_dtype(cfg),
+            t.compile,
+            loader_batch,
+            compile_options=compile_options(cfg) if t.compile else None,
+            cuda_graphs=t.cuda_graphs,
+            dist=dist,
+        )
+    gpus = dist.world_size * replicas
+    return Built(data, training, evaluator, loader_batch, global_batch, gpus, steps_per_epoch)
