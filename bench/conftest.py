@@ -33,7 +33,7 @@ def bench_data(request: pytest.FixtureRequest) -> Path:
     given = request.config.getoption("--bench-data")
     if given:
         return Path(given)
-    from fasttrain.config import cache_dir
     from fasttrain.data.sample import build_sample
+    from fasttrain.paths import cache_dir
 
     return build_sample(cache_dir())

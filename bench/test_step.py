@@ -25,4 +25,4 @@ def test_step(benchmark, kind):
         one()
     benchmark.pedantic(block, rounds=6, iterations=1, warmup_rounds=1)
     benchmark.extra_info["img_per_s"] = BATCH * BLOCK / benchmark.stats.stats.median
-    benchmark.extra_info["capture_failed"] = getattr(step, "failed", None)
+    benchmark.extra_info["capture_failed"] = step.capture_failed

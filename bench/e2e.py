@@ -1,0 +1,141 @@
+"""End to end through the CLI, side by side: synthetic data against DALI from JPEG files, and one
+GPU against N, on whatever machine this runs. Writes a markdown table (stdout and
+``OUT/e2e.md``) and every run's summary (``OUT/summaries.jsonl``).
+
+Each run is ``python -m fasttrain`` with the same flags (default: the sample recipe, compiled and
+graphed, 8 epochs, no evaluation); its figure is the trainer's steady img/s per GPU (every log
+interval after the first epoch). Synthetic runs take as many steps per epoch as the JPEG set
+gives, so both train the same steps. Runs are interleaved, repeat by repeat, so that a drift of
+the machine does not fall on one variant.
+
+``--tree LABEL=PATH`` adds another version of fasttrain, run the same way beside this one: PATH
+is a directory that ``import fasttrain`` finds it in, first on PYTHONPATH (e.g. another commit
+installed with ``pip install --no-deps --target PATH CHECKOUT``).
+
+Examples:
+    python bench/e2e.py                                # DALI against synthetic data, one GPU
+    python bench/e2e.py --gpus 1,8 --repeat 3          # and scaling to 8 GPUs
+    python bench/e2e.py --data /data/imagenet -- --max-steps 3000
+    python bench/e2e.py --tree before=/tmp/before   # this version against another
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_FLAGS = ["--config", str(REPO / "configs" / "sample.yaml"), "--compile", "--cuda-graphs",
+                 "--epochs", "8", "--eval-every", "0"]  # fmt: skip
+
+
+def sample_set(per_class: int) -> tuple[Path, int]:
+    """The built-in sample set with ``per_class`` train images per class (built once, cached)."""
+    from fasttrain.data.sample import SampleSpec, build_sample
+    from fasttrain.paths import cache_dir
+
+    spec = SampleSpec(train_per_class=per_class)
+    return build_sample(cache_dir(), spec), spec.classes * per_class
+
+
+def run(label: str, tree: Path | None, argv: list[str], gpus: int, out: Path) -> dict:
+    """One trainer run on ``gpus`` GPUs; its summary.json, with what ran."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    launch = ["--nproc-per-node", str(gpus)] if gpus > 1 else []
+    cmd = [sys.executable, "-m", "fasttrain", *launch, *argv, "--output-dir", str(out)]
+    t0 = time.perf_counter()
+    with open(out.with_suffix(".log"), "w") as log:
+        code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    summary = {"run": out.name, "tree": label, "gpus": gpus, "exit": code, "cmd": " ".join(cmd)}
+    summary["wall_s"] = time.perf_counter() - t0
+    if code == 0 and (out / "summary.json").is_file():
+        summary.update(json.loads((out / "summary.json").read_text()))
+    return summary
+
+
+def table(summaries: list[dict]) -> str:
+    """Medians per (tree, loader, GPUs), against the same tree's synthetic and 1-GPU runs."""
+    groups: dict[tuple, list[float]] = {}
+    for s in summaries:
+        rate = s.get("img_per_s_per_gpu")
+        groups.setdefault((s["tree"], s["loader"], s["gpus"]), []).extend([rate] if rate else [])
+    med = {k: statistics.median(v) for k, v in groups.items() if v}
+    lines = [
+        "| tree | loader | GPUs | img/s per GPU (median) | runs | vs synthetic | per-GPU scaling |",
+        "|---|---|---:|---:|---|---:|---:|",
+    ]
+    for (tree, loader, gpus), rates in groups.items():
+        m = med.get((tree, loader, gpus))
+        syn = med.get((tree, "synthetic", gpus))
+        one = med.get((tree, loader, 1))
+        runs = ", ".join(f"{r:,.0f}" for r in rates) or "failed"
+        lines.append(
+            f"| {tree} | {loader} | {gpus} | {f'{m:,.0f}' if m else '-'} | {runs} | "
+            + (f"{100 * (m / syn - 1):+.1f}%" if m and syn and loader != "synthetic" else "")
+            + " | "
+            + (f"{100 * m / one:.1f}%" if m and one and gpus > 1 else "")
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="flags after -- "
+                                "replace the trainer's default flags")  # fmt: skip
+    p.add_argument("--data", type=Path, help="ImageFolder root (default: the sample set)")
+    p.add_argument("--per-class", type=int, default=2000, help="sample set: train images per "
+                   "class, of 10 classes (default 2000: 20,000 JPEGs)")  # fmt: skip
+    p.add_argument("--loaders", default="synthetic,dali", help="comma list: synthetic, dali, "
+                   "torchvision")  # fmt: skip
+    p.add_argument("--gpus", default="1", help="comma list of GPU counts, e.g. 1,2,8")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each variant, interleaved")
+    p.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
+                   help="another installed fasttrain to run beside this one")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("e2e-runs"), help="output directory")
+    args, extra = p.parse_known_args()
+    flags = [f for f in extra if f != "--"] or DEFAULT_FLAGS
+    if args.data is not None:
+        from fasttrain.data.folder import scan_folder
+
+        data, images = args.data, len(scan_folder(args.data).train)
+    else:
+        data, images = sample_set(args.per_class)
+    trees: list[tuple[str, Path | None]] = [("this", None)]
+    trees += [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
+    args.out.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for r in range(args.repeat):
+        for label, tree in trees:
+            for loader in args.loaders.split(","):
+                for gpus in map(int, args.gpus.split(",")):
+                    source = ["--data", str(data)]
+                    if loader == "synthetic":  # the same steps per epoch as the JPEG set
+                        batch = int(flags[flags.index("--batch-size") + 1]) if (
+                            "--batch-size" in flags) else 256  # fmt: skip
+                        steps = images // gpus // batch
+                        source = ["--synthetic-steps", str(steps), "--num-classes", "10"]
+                    argv = [*flags, "--loader", loader, *source]
+                    name = f"{label}-{loader}-{gpus}gpu-{r}"
+                    s = run(label, tree, argv, gpus, args.out / name)
+                    s["loader"] = loader
+                    summaries.append(s)
+                    rate = s.get("img_per_s_per_gpu")
+                    print(f"{name}: {f'{rate:,.0f} img/s per GPU' if rate else 'failed'}",
+                          file=sys.stderr)  # fmt: skip
+                    with open(args.out / "summaries.jsonl", "a") as f:
+                        f.write(json.dumps(s) + "\n")
+    text = table(summaries)
+    (args.out / "e2e.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
