@@ -30,6 +30,7 @@ def one_line_error(err: str) -> str:
             ["train/a/x.jpg", "train/b/notes.txt", "val/a/x.jpg"],
             "class folder {d}/train/b holds no",
         ),
+        (["train/a/x.jpg", "val/c/y.jpg"], "class folders not in train/: c"),
     ],
 )
 def test_bad_data_folders(run, tmp_path, files, flag_text):

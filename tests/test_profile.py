@@ -197,3 +197,26 @@ def _assert_plugin_loads(logdir: Path, tmp_path: Path) -> None:
     loaded = RunLoader("profile", str(logdir), io.Cache(str(tmp_path / "tbcache"))).load()
     assert loaded is not None and loaded.workers == ["rank0"]
     assert {"Overview", "Operator", "Trace"} <= {v.display_name for v in loaded.views}
+
+
+def test_a_run_shorter_than_the_profile_schedule_says_so_and_which_flags_change_it(
+    run, tiny_data, tmp_path
+):
+    """--profile on a 3-step run with the default 20-step wait records nothing: a warning at
+    the start and at the end names the flags, and profile-summary says why there is no trace."""
+    out = tmp_path / "short"
+    code, err = run(
+        "--data", tiny_data, *FAST, "--max-steps", "3", "--eval-every", "0",
+        "--output-dir", out, "--profile",
+    )  # fmt: skip
+    assert code == 0, err
+    log = (out / "log-rank0.txt").read_text()
+    start = "this run trains 3 steps, but the profiler records only after"
+    assert log.count(start) == 2 and "--profile: no trace written" in log
+    assert "= 27 steps, so it writes no trace; lower --profile-wait, or raise --max-steps" in log
+    assert not list(out.glob("profile/*.pt.trace.json"))
+    code, err = run("profile-summary", out / "profile")
+    assert code == 2
+    assert "the run ended before the profiler's schedule recorded anything" in err
+    code, err = run("profile-summary", out)
+    assert code == 2 and "ended before" in err
