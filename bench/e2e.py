@@ -44,16 +44,33 @@ def sample_set(per_class: int) -> tuple[Path, int]:
     return build_sample(cache_dir(), spec), spec.classes * per_class
 
 
-def run(label: str, tree: Path | None, argv: list[str], gpus: int, out: Path) -> dict:
-    """One trainer run on ``gpus`` GPUs; its summary.json, with what ran."""
+def environment(tree: Path | None) -> dict[str, str]:
+    """The environment a run of ``tree`` (None: the installed fasttrain) starts in."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    return env
+
+
+def where(tree: Path | None, cwd: Path) -> str:
+    """Where ``import fasttrain`` finds the package for ``tree``: what the runs will train with."""
+    code = "import fasttrain; print(fasttrain.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=environment(tree), cwd=cwd,
+                         capture_output=True, text=True)  # fmt: skip
+    return out.stdout.strip() or f"not importable: {out.stderr.strip().splitlines()[-1:]}"
+
+
+def run(label: str, tree: Path | None, argv: list[str], gpus: int, out: Path) -> dict:
+    """One trainer run on ``gpus`` GPUs; its summary.json, with what ran. It starts outside the
+    repository, so that ``python -m`` imports the installed package (or ``tree``), not the
+    checkout's ./fasttrain."""
     launch = ["--nproc-per-node", str(gpus)] if gpus > 1 else []
     cmd = [sys.executable, "-m", "fasttrain", *launch, *argv, "--output-dir", str(out)]
     t0 = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
-        code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        code = subprocess.call(
+            cmd, env=environment(tree), stdout=log, stderr=subprocess.STDOUT, cwd=out.parent
+        )
     summary = {"run": out.name, "tree": label, "gpus": gpus, "exit": code, "cmd": " ".join(cmd)}
     summary["wall_s"] = time.perf_counter() - t0
     if code == 0 and (out / "summary.json").is_file():
@@ -105,12 +122,15 @@ def main() -> None:
     if args.data is not None:
         from fasttrain.data.folder import scan_folder
 
-        data, images = args.data, len(scan_folder(args.data).train)
+        data, images = args.data.resolve(), len(scan_folder(args.data).train)
     else:
         data, images = sample_set(args.per_class)
     trees: list[tuple[str, Path | None]] = [("this", None)]
     trees += [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    found = [f"{label}: {where(tree, args.out)}" for label, tree in trees]
+    print("fasttrain imported from " + "; ".join(found), file=sys.stderr)
     summaries = []
     for r in range(args.repeat):
         for label, tree in trees:
@@ -132,7 +152,7 @@ def main() -> None:
                           file=sys.stderr)  # fmt: skip
                     with open(args.out / "summaries.jsonl", "a") as f:
                         f.write(json.dumps(s) + "\n")
-    text = table(summaries)
+    text = table(summaries) + "\n\nfasttrain imported from " + "; ".join(found)
     (args.out / "e2e.md").write_text(text + "\n")
     print(text)
 

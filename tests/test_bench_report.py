@@ -86,6 +86,7 @@ def test_e2e_runs_the_cli_side_by_side_and_writes_its_table(tiny_data, tmp_path)
     assert all(r["img_per_s_per_gpu"] > 0 for r in runs)
     table = (out / "e2e.md").read_text()
     assert table == done.stdout.strip() + "\n"
+    assert "fasttrain imported from this: " in table
     row = next(line for line in table.splitlines() if "| torchvision |" in line)
     assert row.startswith("| this | torchvision | 1 | ") and "%" in row.split("|")[6]
 
