@@ -20,7 +20,7 @@ from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.model import build_configured_model
-from fasttrain.optim import Schedule, build_optimizer, build_schedule, flat_gradients
+from fasttrain.optim import Schedule, build_optimizer, build_schedule
 from fasttrain.parallel import wrap_model
 from fasttrain.resolve import inductor_options, triton_kernels
 from fasttrain.step import TrainStep, build_loss, build_step, compile_kwargs
@@ -102,7 +102,6 @@ def build_training(
         compile_options=compile_options(cfg) if compiled else None,
         cuda_graphs=t.cuda_graphs,
         fixed_inputs=fixed_inputs,
-        grads_in_place=flat_gradients(cfg.optim, triton_sgd),
         side_stream=wrapped.side_stream if wrapped else None,
     )
     return Training(model, net, schedule, optimizer, criterion, scaler, step)

@@ -70,10 +70,16 @@ def build_schedule(
     )
 
 
+class InPlaceGradients(torch.optim.Optimizer):
+    """An optimizer that needs its gradients in place: they are views of buffers it owns, so
+    they must be zeroed, never set to None (a CUDA-graphed step zeroes them inside the graph),
+    and DDP, which owns its own gradient buckets, cannot use it. fasttrain's Triton SGD / LARS
+    (``kernels/sgd.py``) is one."""
+
+
 def flat_gradients(cfg: OptimConfig, triton: bool = False) -> bool:
-    """Whether ``build_optimizer`` builds fasttrain's Triton SGD / LARS, whose gradients are
-    views of one flat buffer: they must be zeroed in place, never set to None, and DDP (which
-    owns its own gradient buckets) cannot use them."""
+    """Whether ``build_optimizer`` builds fasttrain's Triton SGD / LARS (an
+    ``InPlaceGradients``) for these settings."""
     return triton or cfg.opt == "lars"
 
 

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
-from fasttrain.optim import Schedule, set_lr
+from fasttrain.optim import InPlaceGradients, Schedule, set_lr
 from fasttrain.profiling import span
 from fasttrain.torch_fixes import keep_coordinate_descent_results
 
@@ -62,17 +62,15 @@ class EagerStep:
         amp_dtype: torch.dtype | None,
         scaler: torch.amp.GradScaler | None,
         schedule: Schedule,
-        grads_in_place: bool = False,
     ):
-        """``grads_in_place``: the optimizer's gradients live in fixed buffers that must be
-        zeroed, never set to None (fasttrain's flat-buffer SGD, ``optim.flat_gradients``)."""
         self.model = model
         self.optimizer = optimizer
         self.criterion = criterion
         self.amp_dtype = amp_dtype
         self.scaler = scaler
         self.schedule = schedule
-        self.grads_in_place = grads_in_place
+        # the optimizer's gradients live in buffers it owns: zeroed, never set to None
+        self.grads_in_place = isinstance(optimizer, InPlaceGradients)
         self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
@@ -297,12 +295,11 @@ def build_step(
     compile_options: dict[str, Any] | None = None,
     cuda_graphs: bool = False,
     fixed_inputs: bool = False,
-    grads_in_place: bool = False,
     side_stream: torch.cuda.Stream | None = None,
 ) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
     step (``Loader.fixed_buffers``), so a graph can read them in place."""
-    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, grads_in_place)
+    args = (model, optimizer, criterion, amp_dtype, scaler, schedule)
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
     if cuda_graphs:
         return GraphedStep(base, fixed_inputs=fixed_inputs, side_stream=side_stream)

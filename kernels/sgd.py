@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fasttrain.optim import InPlaceGradients
+
 BLOCK = 1024
 
 
@@ -98,7 +100,7 @@ def _update(
         tl.store(p_ptr + offs, p - lr * buf)
 
 
-class FusedSGD(torch.optim.Optimizer):
+class FusedSGD(InPlaceGradients):
     """SGD (or LARS) over flat buffers. Groups may set ``weight_decay``; LARS applies to the
     groups whose weight decay is non-zero. ``lr`` may be a float or a 0-d device tensor."""
 

@@ -158,6 +158,8 @@ def test_fused_sgd_through_the_trainers_step_matches_torch_sgd(accum):
             compile=False,
             cuda_graphs=False,
         )
+        # the optimizer's type declares that its gradients stay in place (zeroed in the graph)
+        assert step.grads_in_place is fused
         meter = DeviceMeter(torch.device(DEV))
         for i in range(4):
             step(data[i * accum : (i + 1) * accum], meter, i)
