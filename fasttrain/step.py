@@ -69,11 +69,14 @@ class EagerStep:
         self.amp_dtype = amp_dtype
         self.scaler = scaler
         self.schedule = schedule
-        # the optimizer's gradients live in buffers it owns: zeroed, never set to None
-        self.grads_in_place = isinstance(optimizer, InPlaceGradients)
         self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
+
+    @property
+    def grads_in_place(self) -> bool:
+        """The optimizer's gradients live in buffers it owns: zeroed, never set to None."""
+        return isinstance(self.optimizer, InPlaceGradients)
 
     def _forward(
         self, images: torch.Tensor, labels: torch.Tensor

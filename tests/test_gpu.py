@@ -158,25 +158,15 @@ def test_graph_replays_its_base_step_exactly(base):
 def test_graph_with_the_triton_sgd_zeroes_its_flat_gradients_in_the_graph():
     """fasttrain's FusedSGD keeps gradients in a flat buffer (never None): the graph must zero
     them itself, or each replay would add onto the last step's."""
-    from fasttrain.kernels.sgd import FusedSGD
-
     data = batches(12)
     results = []
     for kind in ("eager", "eager+graph"):
-        model, step = make(kind)
-        opt = FusedSGD(step_optimizer_groups(model), lr=0.1, momentum=0.9)
-        (step.base if kind != "eager" else step).optimizer = opt
+        model, step = make(kind, triton=True)
         losses = train(step, data)
         results.append((losses, flat(model)))
     (ref_losses, ref_w), (losses, w) = results
     assert losses == pytest.approx(ref_losses, rel=1e-6)
     assert rel(w, ref_w) < 1e-6
-
-
-def step_optimizer_groups(model):
-    from fasttrain.model import param_groups
-
-    return param_groups(model, 1e-4, bn_weight_decay=False)
 
 
 def test_graphed_replays_read_fixed_loader_buffers_without_a_copy():
