@@ -172,6 +172,8 @@ class DaliLoader:
         its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
         ``prefetch``: DALI's prefetch queue depth."""
         require_dali()
+        if state is not None and len(state["dali"]) != 1:
+            state = None  # saved by 0.1.0 with several pipelines: take up the epoch afresh
         self.train = train
         self.batch_size = batch_size
         self.device = device
@@ -196,7 +198,7 @@ class DaliLoader:
             device_id=local_rank if gpu else None,
             seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
             prefetch_queue_depth=prefetch,
-            **({"checkpoint": state["dali"]} if state else {}),
+            **({"checkpoint": state["dali"][0]} if state else {}),
         )
         self.pipe.build()
         self.runs_per_epoch = math.ceil(math.ceil(n / world) / batch_size)
@@ -207,7 +209,7 @@ class DaliLoader:
             begin, end = shard_bounds(n, rank, world)
             self.shard_len = end - begin
         # runs into the current epoch (a restored pipeline continues where it was saved)
-        self.runs = state["runs"] if state else 0
+        self.runs = state["runs"][0] if state else 0
         self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
         self.fresh = state is None  # nothing run yet, nothing restored
@@ -255,8 +257,9 @@ class DaliLoader:
         self.start_batch = start_batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch."""
-        return {"dali": self.pipe.checkpoint(), "epoch": self.epoch, "runs": self.runs}
+        """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch.
+        Lists of one pipeline's, the form 0.1.0 wrote, so its checkpoints still resume."""
+        return {"dali": [self.pipe.checkpoint()], "epoch": self.epoch, "runs": [self.runs]}
 
     def _copy_out(self, images, labels, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
