@@ -15,7 +15,7 @@ BUGGY_RECHECK = "len(configs) > 1"  # the guard pytorch/pytorch#172819 names
 def keep_coordinate_descent_results() -> bool:
     """Make a warm start reuse coordinate-descent tuning instead of running it again.
 
-    pytorch/pytorch#172819 (torch 2.11, the GPU machine's): when inductor loads a Triton kernel
+    pytorch/pytorch#172819 (torch 2.11): when inductor loads a Triton kernel
     from its cache, it narrows the kernel to the cached best config but does not carry over the
     mark that coordinate descent found it, and skips kernels with one config altogether; the
     first call then tunes each kernel again. fasttrain's ``--compile-mode auto`` turns the
