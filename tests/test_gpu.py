@@ -272,10 +272,10 @@ def test_steady_state_steps_do_not_sync(kind):
     assert n == 25 * BATCH and loss == loss and 0 <= top1 <= 100
 
 
-@pytest.mark.parametrize("sync", [False, True], ids=["default", "log-sync"])
+@pytest.mark.parametrize("sync", [False, True], ids=["default", "sync"])
 def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
     """A log step returns while the GPU still runs the steps before it (a 25 ms spin here), and
-    without a stream sync; ``--log-sync`` waits for them. Each interval is timed on the GPU:
+    without a stream sync; the reference (``sync=True``) waits for them. Each interval is timed on the GPU:
     at least its spin, which is the step, so the GPU is hardly idle."""
     # Warm-up, as the trainer's first (compiling) step is: the first launch of each kernel loads
     # its module (lazy loading), host time that would fall into the first interval as GPU idle
@@ -324,7 +324,7 @@ def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
         assert 0 < e.record["img_per_s"] < BATCH / 0.02  # each interval holds its spin
         assert e.record["gpu_step_ms"] > 20 and e.record["data_wait_frac"] == 0
         # reading late the host runs ahead, so the spin (the step) keeps the GPU busy; with
-        # --log-sync the GPU drains at each log step and idles while the host writes the log
+        # sync=True the GPU drains at each log step and idles while the host writes the log
         # (0.21 of a 25 ms interval once on an H200): by design, but the spin is still most of it
         idle, bound = e.record["gpu_idle_frac"], 0.5 if sync else 0.2
         assert 0 <= idle < bound, f"step {e.record['step']}: idle {idle}"
