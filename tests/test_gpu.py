@@ -275,8 +275,8 @@ def test_steady_state_steps_do_not_sync(kind):
 @pytest.mark.parametrize("sync", [False, True], ids=["default", "sync"])
 def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
     """A log step returns while the GPU still runs the steps before it (a 25 ms spin here), and
-    without a stream sync; the reference (``sync=True``) waits for them. Each interval is timed on the GPU:
-    at least its spin, which is the step, so the GPU is hardly idle."""
+    without a stream sync; the reference (``sync=True``) waits for them. Each interval is timed
+    on the GPU: at least its spin, which is the step, so the GPU is hardly idle."""
     # Warm-up, as the trainer's first (compiling) step is: the first launch of each kernel loads
     # its module (lazy loading), host time that would fall into the first interval as GPU idle
     warm = DeviceMeter(DEV)
