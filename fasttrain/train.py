@@ -28,6 +28,7 @@ from fasttrain.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.parallel import average_bn_statistics, ddp_description
 from fasttrain.profiling import RunProfiler, StepTimer, configure, report_profile, span
+from fasttrain.resolve import inductor_options
 from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
 
 log = logging.getLogger("fasttrain")
@@ -307,14 +308,8 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
-    if (
-        t.compile
-        and dist.is_main
-        and (
-            "autotune" in t.compile_mode
-            or "coordinate_descent_tuning" in (t.inductor_options or "")
-        )
-    ):
+    tunes = inductor_options(t.inductor_options).get("coordinate_descent_tuning")
+    if t.compile and dist.is_main and ("autotune" in t.compile_mode or tunes):
         log.info(
             "--compile-mode %s, --inductor-options %s: the first start benchmarks inductor's "
             "kernel choices (minutes for ResNet-50); later starts reuse inductor's cache. "
