@@ -1,0 +1,197 @@
+"""Convolution with BatchNorm folded in: the ops of the fused model path, and their reference.
+
+A BatchNorm after a convolution reads the convolution's output twice (statistics, then
+normalise), and the ReLU after it once more. Folded into the convolutions, nothing is re-read:
+
+- ``conv_bn(x, w, scale, bias)`` convolves ``relu(x * scale + bias)`` (the *previous* BN's
+  normalise and ReLU, applied as the input is read: a prologue) and returns, beside the output,
+  its per-channel sum and sum of squares in fp32 (fp64 for fp64 inputs; the *next* BN's statistics, computed as the
+  output is written: an epilogue). Without ``scale`` the input is taken as it is.
+- ``bn_finalize`` turns those sums into the next prologue's scale and bias, and updates the
+  running statistics exactly as ``nn.BatchNorm2d`` does (momentum, unbiased running variance).
+
+``conv_bn`` and its backward are custom ops (``fasttrain::conv_bn``,
+``fasttrain::conv_bn_backward``) with fake implementations, so ``torch.compile`` traces through
+them and a CUDA graph captures them. The kernels registered here are the plain-PyTorch reference
+of the decomposition, on every device; a fused GPU kernel registers for CUDA and is held to it.
+
+Gradients: with ``g`` the gradient of the output plus the sums' gradients (``gsum`` per channel,
+``2 y gsumsq``), the convolution's dgrad and wgrad take ``g``, and the prologue's backward masks
+by the recomputed pre-activation (``x * scale + bias > 0``): ``gx = g_in * scale``,
+``gscale = sum(g_in * x)``, ``gbias = sum(g_in)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _memory_format(x: Tensor) -> torch.memory_format:
+    """channels_last where the input is (and not also plainly contiguous), else contiguous."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return torch.contiguous_format
+    return torch.channels_last
+
+
+def _per_channel(v: Tensor) -> Tensor:
+    return v.view(1, -1, 1, 1)
+
+
+def _acc(x: Tensor) -> torch.dtype:
+    """What the sums and the prologue compute in: fp32, or fp64 for fp64 inputs (tests)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _prologue(x: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
+    """``relu(x * scale + bias)`` in fp32, stored in ``x``'s dtype; ``x`` without a scale."""
+    if scale is None:
+        return x
+    return torch.relu(x.to(_acc(x)) * _per_channel(scale) + _per_channel(bias)).to(x.dtype)
+
+
+def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+@torch.library.custom_op("fasttrain::conv_bn", mutates_args=())
+def conv_bn(
+    x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, stride: int, padding: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, sum, sum of squares): ``y = conv2d(prologue(x), weight)`` in ``x``'s dtype, the sums
+    per output channel over batch and space in fp32 (module notes)."""
+    a = _prologue(x, scale, bias)
+    y = F.conv2d(a, weight.to(x.dtype), stride=stride, padding=padding)
+    y = y.contiguous(memory_format=_memory_format(x))
+    wide = y.to(_acc(x))
+    return y, wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
+
+
+@conv_bn.register_fake
+def _(x, weight, scale, bias, stride, padding):
+    n, _, h, w = x.shape
+    k, _, r, s = weight.shape
+    shape = (n, k, _out_size(h, r, stride, padding), _out_size(w, s, stride, padding))
+    y = x.new_empty(shape).contiguous(memory_format=_memory_format(x))
+    return y, x.new_empty((k,), dtype=_acc(x)), x.new_empty((k,), dtype=_acc(x))
+
+
+@torch.library.custom_op("fasttrain::conv_bn_backward", mutates_args=())
+def conv_bn_backward(
+    grad_y: Tensor,
+    grad_sum: Tensor,
+    grad_sumsq: Tensor,
+    y: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor | None,
+    bias: Tensor | None,
+    stride: int,
+    padding: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``conv_bn`` for (x, weight, scale, bias); scale's and bias's are empty
+    without a prologue (module notes)."""
+    acc = _acc(x)
+    g = (grad_y.to(acc) + _per_channel(grad_sum) + 2 * y.to(acc) * _per_channel(grad_sumsq)).to(
+        y.dtype
+    )
+    a = _prologue(x, scale, bias)
+    ga, gw, _ = torch.ops.aten.convolution_backward(
+        g,
+        a,
+        weight.to(x.dtype),
+        None,
+        [stride, stride],
+        [padding, padding],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        [True, True, False],
+    )
+    gw = gw.to(weight.dtype)
+    if scale is None:
+        empty = (x.new_empty((0,), dtype=acc), x.new_empty((0,), dtype=acc))
+        return ga.contiguous(memory_format=_memory_format(x)), gw, *empty
+    wide = x.to(acc)
+    gz = ga.to(acc) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
+    gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=_memory_format(x))
+    return gx, gw, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
+
+
+@conv_bn_backward.register_fake
+def _(grad_y, grad_sum, grad_sumsq, y, x, weight, scale, bias, stride, padding):
+    c = 0 if scale is None else scale.shape[0]
+    return (
+        x.new_empty(x.shape).contiguous(memory_format=_memory_format(x)),
+        weight.new_empty(weight.shape).contiguous(memory_format=_memory_format(weight)),
+        x.new_empty((c,), dtype=_acc(x)),
+        x.new_empty((c,), dtype=_acc(x)),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, scale, bias, stride, padding = inputs
+    ctx.save_for_backward(x, weight, scale, bias, output[0])
+    ctx.stride, ctx.padding = stride, padding
+
+
+def _backward(ctx, grad_y, grad_sum, grad_sumsq):
+    x, weight, scale, bias, y = ctx.saved_tensors
+    k = weight.shape[0]
+    zeros = y.new_zeros((k,), dtype=_acc(x))
+    grad_y = torch.zeros_like(y) if grad_y is None else grad_y
+    gx, gw, gscale, gbias = conv_bn_backward(
+        grad_y,
+        zeros if grad_sum is None else grad_sum,
+        zeros if grad_sumsq is None else grad_sumsq,
+        y,
+        x,
+        weight,
+        scale,
+        bias,
+        ctx.stride,
+        ctx.padding,
+    )
+    if scale is None:
+        return gx, gw, None, None, None, None
+    return gx, gw, gscale, gbias, None, None
+
+
+conv_bn.register_autograd(_backward, setup_context=_setup_context)
+
+
+def bn_finalize(
+    total: Tensor,
+    total_sq: Tensor,
+    count: int,
+    bn: torch.nn.modules.batchnorm._BatchNorm,
+) -> tuple[Tensor, Tensor]:
+    """``bn``'s scale and bias for the next prologue, per channel in fp32: from a batch's sums
+    (``count`` values per channel) in training, updating ``bn``'s running statistics as
+    ``nn.BatchNorm2d`` does; from the running statistics in eval mode."""
+    acc = total.dtype
+    gamma, beta = bn.weight.to(acc), bn.bias.to(acc)
+    if not bn.training:
+        scale = gamma * torch.rsqrt(bn.running_var.to(acc) + bn.eps)
+        return scale, beta - bn.running_mean.to(acc) * scale
+    mean = total / count
+    var = (total_sq / count - mean * mean).clamp_min(0)  # biased: what normalises the batch
+    scale = gamma * torch.rsqrt(var + bn.eps)
+    with torch.no_grad():
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:  # a cumulative average, as nn.BatchNorm2d does
+            factor = 1.0 / bn.num_batches_tracked
+        else:
+            factor = bn.momentum
+        bn.running_mean.mul_(1 - factor).add_(factor * mean.detach())
+        unbiased = var.detach() * (count / max(count - 1, 1))
+        bn.running_var.mul_(1 - factor).add_(factor * unbiased)
+    return scale, beta - mean * scale
+
+
+def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``y * scale + bias`` per channel in fp32, stored in ``y``'s dtype: a BN's normalise where
+    no convolution follows to fold it into."""
+    return (y.to(scale.dtype) * _per_channel(scale) + _per_channel(bias)).to(y.dtype)

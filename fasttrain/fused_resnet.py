@@ -1,0 +1,85 @@
+"""torchvision's ResNet, run with BatchNorm folded into the convolutions (``conv_bn``).
+
+``FusedResNet`` *is* a ``torchvision.models.ResNet``: the same modules, built by the same
+constructor (so the same seed gives the same weights), and the same state dict, so a checkpoint
+of either loads into the other. Only ``forward`` differs: each block runs on ``conv_bn`` and
+``bn_finalize`` instead of ``Conv2d -> BatchNorm2d -> ReLU``:
+
+    bottleneck(x):  a1, s1 = conv_bn(x)                       # BN1's statistics as conv1 writes
+                    a2, s2 = conv_bn(a1, prologue=BN1+ReLU)   # BN1 applied as conv2 reads
+                    a3, s3 = conv_bn(a2, prologue=BN2+ReLU)
+                    identity = x, or BN_d(conv_bn(x))         # the downsample branch
+                    out = relu(BN3(a3) + identity)            # one elementwise pass
+
+The BN that ends a block (and the downsample's) has no convolution after it inside the block, so
+it is applied with the residual add and the ReLU, in one elementwise pass. The stem's BN and
+ReLU are applied before the max-pool the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+from torch import Tensor, nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+
+from fasttrain.conv_bn import affine, bn_finalize, conv_bn
+
+BLOCKS = {
+    "resnet18": (BasicBlock, [2, 2, 2, 2]),
+    "resnet34": (BasicBlock, [3, 4, 6, 3]),
+    "resnet50": (Bottleneck, [3, 4, 6, 3]),
+    "resnet101": (Bottleneck, [3, 4, 23, 3]),
+    "resnet152": (Bottleneck, [3, 8, 36, 3]),
+}
+
+
+def _conv(
+    x: Tensor, conv: nn.Conv2d, prologue: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    scale, bias = prologue if prologue is not None else (None, None)
+    return conv_bn(x, conv.weight, scale, bias, conv.stride[0], conv.padding[0])
+
+
+def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
+    """``bn``'s scale and bias for ``y``, whose sums ``conv_bn`` returned."""
+    return bn_finalize(total, total_sq, y.shape[0] * y.shape[2] * y.shape[3], bn)
+
+
+def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
+    if block.downsample is None:
+        return x
+    conv, bn = block.downsample[0], block.downsample[1]
+    d, total, total_sq = _conv(x, conv)
+    return affine(d, *_bn(d, total, total_sq, bn))
+
+
+def _bottleneck(block: Bottleneck, x: Tensor) -> Tensor:
+    a1, t1, q1 = _conv(x, block.conv1)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1))
+    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2))
+    return torch.relu(affine(a3, *_bn(a3, t3, q3, block.bn3)) + _identity(block, x))
+
+
+def _basic(block: BasicBlock, x: Tensor) -> Tensor:
+    a1, t1, q1 = _conv(x, block.conv1)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1))
+    return torch.relu(affine(a2, *_bn(a2, t2, q2, block.bn2)) + _identity(block, x))
+
+
+class FusedResNet(torchvision.models.ResNet):
+    """A torchvision ResNet whose forward folds each BatchNorm into the convolutions around it
+    (module notes). ``arch`` is one of ``BLOCKS``; the rest is ``ResNet``'s arguments."""
+
+    def __init__(self, arch: str, **kwargs):
+        block, layers = BLOCKS[arch]
+        super().__init__(block, layers, **kwargs)
+        self.run_block = _bottleneck if block is Bottleneck else _basic
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, total, total_sq = _conv(x, self.conv1)
+        x = self.maxpool(torch.relu(affine(a, *_bn(a, total, total_sq, self.bn1))))
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in layer:
+                x = self.run_block(block, x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))

@@ -1,0 +1,159 @@
+"""The fused model path's ops and model against plain torch: conv_bn and bn_finalize against
+nn.Conv2d + nn.BatchNorm2d + ReLU, forward and backward, running statistics included; the
+fused ResNet against torchvision's, with the same state dict."""
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from fasttrain.conv_bn import affine, bn_finalize, conv_bn
+from fasttrain.fused_resnet import FusedResNet
+
+
+def _x(*shape, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+
+
+@pytest.mark.parametrize("prologue", [False, True])
+@pytest.mark.parametrize("stride, padding, k", [(1, 1, 3), (2, 0, 1), (2, 3, 7)])
+def test_conv_bn_matches_conv2d_and_its_sums_forward_and_backward(prologue, stride, padding, k):
+    x = _x(2, 4, 9, 9).requires_grad_()
+    w = _x(5, 4, k, k, seed=1).requires_grad_()
+    scale = (torch.rand(4, dtype=torch.float64) + 0.5).requires_grad_() if prologue else None
+    bias = (torch.randn(4, dtype=torch.float64) * 0.3).requires_grad_() if prologue else None
+    y, total, total_sq = conv_bn(x, w, scale, bias, stride, padding)
+    a = torch.relu(x * scale.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)) if prologue else x
+    ref = nn.functional.conv2d(a, w, stride=stride, padding=padding)
+    torch.testing.assert_close(y, ref)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(total.double(), ref.sum((0, 2, 3)))
+    torch.testing.assert_close(total_sq.double(), (ref * ref).sum((0, 2, 3)))
+    # a loss that uses the output and both sums, so every gradient path is taken
+    g = _x(*y.shape, seed=2)
+    c1, c2 = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    inputs = [t for t in (x, w, scale, bias) if t is not None]
+    got = torch.autograd.grad((y * g).sum() + (total * c1).sum() + (total_sq * c2).sum(), inputs)
+    ref_loss = (ref * g).sum() + (ref.sum((0, 2, 3)) * c1).sum()
+    ref_loss = ref_loss + ((ref * ref).sum((0, 2, 3)) * c2).sum()
+    want = torch.autograd.grad(ref_loss, inputs)
+    for a_, b_ in zip(got, want, strict=True):
+        torch.testing.assert_close(a_, b_)
+
+
+def test_conv_bn_is_a_well_formed_custom_op():
+    """Schema, fake (meta) implementation, autograd registration: torch.library's own checks."""
+    x = _x(2, 4, 8, 8, dtype=torch.float32).requires_grad_()
+    w = _x(6, 4, 3, 3, seed=1, dtype=torch.float32).requires_grad_()
+    scale = torch.rand(4, requires_grad=True)
+    bias = torch.randn(4, requires_grad=True)
+    torch.library.opcheck(conv_bn, (x, w, scale, bias, 1, 1))
+    torch.library.opcheck(conv_bn, (x, w, None, None, 2, 1))
+
+
+def _reference_chain(conv1, bn1, conv2, bn2, x):
+    return bn2(conv2(torch.relu(bn1(conv1(x)))))
+
+
+def _fused_chain(conv1, bn1, conv2, bn2, x):
+    a1, t1, q1 = conv_bn(x, conv1.weight, None, None, 1, 1)
+    p1 = bn_finalize(t1, q1, a1.shape[0] * a1.shape[2] * a1.shape[3], bn1)
+    a2, t2, q2 = conv_bn(a1, conv2.weight, *p1, 1, 1)
+    return affine(a2, *bn_finalize(t2, q2, a2.shape[0] * a2.shape[2] * a2.shape[3], bn2))
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum):
+    """conv -> BN -> ReLU -> conv -> BN, three training steps (fp64): the outputs, every
+    gradient and the running statistics (momentum, unbiased variance, the batch count) agree;
+    then eval mode, which normalises with the running statistics."""
+    torch.manual_seed(0)
+    mods = [
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8, momentum=momentum),
+        nn.Conv2d(8, 6, 3, padding=1, bias=False),
+        nn.BatchNorm2d(6, momentum=momentum),
+    ]
+    for bn in mods[1::2]:
+        nn.init.uniform_(bn.weight, 0.5, 1.5)
+        nn.init.uniform_(bn.bias, -0.5, 0.5)
+    ref = [m.double() for m in mods]
+    fused = copy.deepcopy(ref)
+    for step in range(3):
+        x = _x(4, 3, 6, 6, seed=10 + step)
+        out_ref, out = _reference_chain(*ref, x), _fused_chain(*fused, x)
+        torch.testing.assert_close(out, out_ref)
+        g = _x(*out.shape, seed=20 + step)
+        params_ref = [p for m in ref for p in m.parameters()]
+        params = [p for m in fused for p in m.parameters()]
+        for a, b in zip(
+            torch.autograd.grad((out * g).sum(), params),
+            torch.autograd.grad((out_ref * g).sum(), params_ref),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b)
+        for bn, bn_ref in zip(fused[1::2], ref[1::2], strict=True):
+            torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+            torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+            assert int(bn.num_batches_tracked) == int(bn_ref.num_batches_tracked) == step + 1
+    for m in ref + fused:
+        m.eval()
+    x = _x(2, 3, 6, 6, seed=99)
+    torch.testing.assert_close(_fused_chain(*fused, x), _reference_chain(*ref, x))
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch):
+    """Same seed, same weights and state dict; in fp64 the same logits, gradients and running
+    statistics after a training step, and the same logits in eval mode."""
+    kw = dict(num_classes=7, zero_init_residual=False)
+    torch.manual_seed(0)
+    ref = getattr(torchvision.models, arch)(weights=None, **kw).double()
+    torch.manual_seed(0)
+    fused = FusedResNet(arch, **kw).double()
+    ref_state, state = ref.state_dict(), fused.state_dict()
+    assert list(state) == list(ref_state)
+    assert all(torch.equal(state[k], ref_state[k]) for k in state)
+    for model in (ref, fused):
+        model.to(memory_format=torch.channels_last)
+    # batch 4: layer4's BN then normalises 4 values per channel (2 would make it near-singular,
+    # and the gradients chaotic in the last bits)
+    x = _x(4, 3, 32, 32, seed=3)
+    out, out_ref = fused(x), ref(x)
+    torch.testing.assert_close(out, out_ref)
+    (out * torch.arange(7.0, dtype=torch.float64)).sum().backward()
+    (out_ref * torch.arange(7.0, dtype=torch.float64)).sum().backward()
+    grads = dict(fused.named_parameters())
+    for name, p in ref.named_parameters():  # elementwise, the smallest gradients' last bits differ
+        assert (grads[name].grad - p.grad).norm() <= 1e-10 * p.grad.norm(), name
+    state, ref_state = fused.state_dict(), ref.state_dict()
+    for k in state:
+        torch.testing.assert_close(state[k], ref_state[k], msg=k)
+    fused.eval()
+    ref.eval()
+    torch.testing.assert_close(fused(x), ref(x))
+
+
+def test_a_fused_checkpoint_loads_into_torchvision_and_back():
+    torch.manual_seed(1)
+    fused = FusedResNet("resnet50", num_classes=10)
+    fused(_x(2, 3, 32, 32, dtype=torch.float32))  # a training forward moves the BN statistics
+    plain = torchvision.models.resnet50(weights=None, num_classes=10)
+    plain.load_state_dict(fused.state_dict(), strict=True)
+    again = FusedResNet("resnet50", num_classes=10)
+    again.load_state_dict(plain.state_dict(), strict=True)
+    x = _x(2, 3, 32, 32, seed=5, dtype=torch.float32)
+    for m in (fused, plain, again):
+        m.eval()
+    torch.testing.assert_close(again(x), plain(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_fused_forward_traces_without_graph_breaks():
+    model = FusedResNet("resnet18", num_classes=4).to(memory_format=torch.channels_last)
+    explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
