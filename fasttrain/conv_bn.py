@@ -5,15 +5,18 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
 
 - ``conv_bn(x, w, scale, bias)`` convolves ``relu(x * scale + bias)`` (the *previous* BN's
   normalise and ReLU, applied as the input is read: a prologue) and returns, beside the output,
-  its per-channel sum and sum of squares in fp32 (fp64 for fp64 inputs; the *next* BN's statistics, computed as the
-  output is written: an epilogue). Without ``scale`` the input is taken as it is.
+  its per-channel sum and sum of squares in fp32 (fp64 for fp64 inputs): the *next* BN's
+  statistics, computed as the output is written (an epilogue). Without ``scale`` the input is
+  taken as it is.
 - ``bn_finalize`` turns those sums into the next prologue's scale and bias, and updates the
   running statistics exactly as ``nn.BatchNorm2d`` does (momentum, unbiased running variance).
 
 ``conv_bn`` and its backward are custom ops (``fasttrain::conv_bn``,
 ``fasttrain::conv_bn_backward``) with fake implementations, so ``torch.compile`` traces through
-them and a CUDA graph captures them. The kernels registered here are the plain-PyTorch reference
-of the decomposition, on every device; a fused GPU kernel registers for CUDA and is held to it.
+them and a CUDA graph captures them. Their kernel is the plain-PyTorch reference of the
+decomposition (``reference``), except ``conv_bn``'s on CUDA: cuDNN's fused forward where it
+runs (``cudnn_conv_bn``, fp16), held to the reference by the GPU tests. The backward is the
+reference on every device.
 
 Gradients: with ``g`` the gradient of the output plus the sums' gradients (``gsum`` per channel,
 ``2 y gsumsq``), the convolution's dgrad and wgrad take ``g``, and the prologue's backward masks
@@ -55,17 +58,34 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def reference(
+    x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, stride: int, padding: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``conv_bn`` in plain PyTorch: the kernel on every device, and what a fused one is held to."""
+    a = _prologue(x, scale, bias)
+    y = F.conv2d(a, weight.to(x.dtype), stride=stride, padding=padding)
+    y = y.contiguous(memory_format=_memory_format(x))
+    wide = y.to(_acc(x))
+    return y, wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
+
+
 @torch.library.custom_op("fasttrain::conv_bn", mutates_args=())
 def conv_bn(
     x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, stride: int, padding: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, sum, sum of squares): ``y = conv2d(prologue(x), weight)`` in ``x``'s dtype, the sums
     per output channel over batch and space in fp32 (module notes)."""
-    a = _prologue(x, scale, bias)
-    y = F.conv2d(a, weight.to(x.dtype), stride=stride, padding=padding)
-    y = y.contiguous(memory_format=_memory_format(x))
-    wide = y.to(_acc(x))
-    return y, wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
+    return reference(x, weight, scale, bias, stride, padding)
+
+
+@conv_bn.register_kernel("cuda")
+def _(x, weight, scale, bias, stride, padding):
+    """cuDNN's fused kernel where it runs (fp16, channels_last, the frontend installed), else
+    the reference."""
+    from fasttrain import cudnn_conv_bn
+
+    fused = cudnn_conv_bn.forward(x, weight, scale, bias, stride, padding)
+    return fused if fused is not None else reference(x, weight, scale, bias, stride, padding)
 
 
 @conv_bn.register_fake
@@ -181,10 +201,8 @@ def bn_finalize(
     scale = gamma * torch.rsqrt(var + bn.eps)
     with torch.no_grad():
         bn.num_batches_tracked.add_(1)
-        if bn.momentum is None:  # a cumulative average, as nn.BatchNorm2d does
-            factor = 1.0 / bn.num_batches_tracked
-        else:
-            factor = bn.momentum
+        # momentum None: a cumulative average, as nn.BatchNorm2d does
+        factor = 1.0 / bn.num_batches_tracked if bn.momentum is None else bn.momentum
         bn.running_mean.mul_(1 - factor).add_(factor * mean.detach())
         unbiased = var.detach() * (count / max(count - 1, 1))
         bn.running_var.mul_(1 - factor).add_(factor * unbiased)

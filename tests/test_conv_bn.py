@@ -157,3 +157,56 @@ def test_the_fused_forward_traces_without_graph_breaks():
     model = FusedResNet("resnet18", num_classes=4).to(memory_format=torch.channels_last)
     explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+# (channels in, out, kernel, stride, padding, input size, prologue): ResNet-50's kinds of
+# convolution, with and without the previous BN folded in
+GPU_SHAPES = [
+    (64, 64, 3, 1, 1, 56, True),
+    (64, 64, 1, 1, 0, 56, False),
+    (64, 256, 1, 1, 0, 56, True),
+    (128, 128, 3, 2, 1, 56, True),
+    (256, 512, 1, 2, 0, 56, False),
+    (3, 64, 7, 2, 3, 224, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c, k, r, stride, padding, size, prologue", GPU_SHAPES)
+def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, size, prologue):
+    """cuDNN's fused forward, where it runs, against the reference; the custom op on CUDA runs
+    it (or the reference), also replayed from a CUDA graph with new inputs."""
+    pytest.importorskip("cudnn")
+    from fasttrain import cudnn_conv_bn
+    from fasttrain.conv_bn import reference
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(32, c, size, size, device=dev, generator=g).half()
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(k, c, r, r, device=dev, generator=g) * (2 / (c * r * r)) ** 0.5
+    w = w.contiguous(memory_format=torch.channels_last)
+    scale = torch.rand(c, device=dev, generator=g) + 0.5 if prologue else None
+    bias = torch.randn(c, device=dev, generator=g) * 0.2 if prologue else None
+    want = reference(x, w, scale, bias, stride, padding)
+    got = cudnn_conv_bn.forward(x, w, scale, bias, stride, padding)
+    print(f"cuDNN {'ran' if got is not None else 'declined'} {(c, k, r, stride, size, prologue)}")
+    if (c, k, r, prologue) == (64, 64, 3, True):
+        assert got is not None  # the fusion cuDNN 9.19 runs on an H200 (BENCHMARKS.md)
+    op = conv_bn(x, w, scale, bias, stride, padding)
+    for out in [o for o in (got, op) if o is not None]:
+        y, total, total_sq = out
+        assert y.shape == want[0].shape and y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y.float(), want[0].float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(total, want[1], rtol=2e-3, atol=1.0)
+        torch.testing.assert_close(total_sq, want[2], rtol=2e-3, atol=1.0)
+    static = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    conv_bn(static, w, scale, bias, stride, padding)  # plans are built outside the capture
+    with torch.cuda.graph(graph):
+        captured = conv_bn(static, w, scale, bias, stride, padding)
+    static.copy_(torch.flip(x, dims=[0]))
+    graph.replay()
+    again = conv_bn(static, w, scale, bias, stride, padding)
+    for a, b in zip(captured, again, strict=True):
+        torch.testing.assert_close(a, b)

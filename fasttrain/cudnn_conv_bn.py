@@ -1,0 +1,133 @@
+"""cuDNN's fused convolution forward for ``conv_bn``: the scale-bias-ReLU prologue, the
+convolution and the per-channel statistics in one graph (cuDNN's "ConvBNfprop"), through the
+cuDNN frontend's Python graph API (``pip install nvidia-cudnn-frontend``).
+
+cuDNN runs this fusion in fp16 only, NHWC; anything else (bf16, fp32, a shape or build that cuDNN
+declines) is answered with None and ``conv_bn`` runs its reference. A graph and its plan are built
+once per shape and kept; each call only binds the tensors and launches on the current stream, so
+the call is capturable in a CUDA graph (its workspace comes from torch's allocator).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("fasttrain")
+
+
+def available() -> bool:
+    """Whether the cuDNN frontend is installed."""
+    return importlib.util.find_spec("cudnn") is not None
+
+
+@dataclass
+class _Plan:
+    graph: Any
+    tensors: dict[str, Any]  # the graph's tensors by name, to bind at each call
+    workspace: int
+
+
+_plans: dict[tuple, _Plan | None] = {}  # None: cuDNN declined that shape
+_handles: dict[int, Any] = {}
+
+
+def _handle(device: torch.device) -> Any:
+    import cudnn
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _handles:
+        with torch.cuda.device(index):
+            _handles[index] = cudnn.create_handle()
+    return _handles[index]
+
+
+def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _Plan | None:
+    import cudnn
+
+    f32, half = cudnn.data_type.FLOAT, cudnn.data_type.HALF
+    g = cudnn.pygraph(
+        io_data_type=half,
+        intermediate_data_type=f32,
+        compute_data_type=f32,
+        handle=_handle(x.device),
+    )
+    c = x.shape[1]
+    vec = {"dim": [1, c, 1, 1], "stride": [c, 1, c, c], "data_type": f32}
+    tensors = {
+        "x": g.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=half),
+        "w": g.tensor(name="w", dim=list(w.shape), stride=list(w.stride()), data_type=half),
+    }
+    image = tensors["x"]
+    if prologue:
+        tensors["scale"] = g.tensor(name="scale", **vec)
+        tensors["bias"] = g.tensor(name="bias", **vec)
+        image = g.relu(
+            input=g.bias(input=g.scale(input=image, scale=tensors["scale"]), bias=tensors["bias"])
+        )
+    y = g.conv_fprop(
+        image=image,
+        weight=tensors["w"],
+        padding=[padding, padding],
+        stride=[stride, stride],
+        dilation=[1, 1],
+    )
+    y.set_output(True).set_data_type(half)
+    total, total_sq = g.genstats(input=y)
+    total.set_output(True).set_data_type(f32)
+    total_sq.set_output(True).set_data_type(f32)
+    tensors.update(y=y, sum=total, sumsq=total_sq)
+    try:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+    except Exception as e:  # cudnn raises its own error types; any of them means "not this shape"
+        log.debug("cuDNN declined conv_bn for x %s, w %s: %s", tuple(x.shape), tuple(w.shape), e)
+        return None
+    return _Plan(g, tensors, g.get_workspace_size())
+
+
+def forward(
+    x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, stride: int, padding: int
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """``conv_bn``'s (y, sum, sum of squares) by cuDNN, or None where it does not run (module
+    notes)."""
+    if x.dtype != torch.float16 or not x.is_cuda or not available():
+        return None
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    w = weight.to(torch.float16).contiguous(memory_format=torch.channels_last)
+    prologue = scale is not None
+    key = (x.device, tuple(x.shape), tuple(w.shape), stride, padding, prologue)
+    if key not in _plans:
+        _plans[key] = _build(x, w, prologue, stride, padding)
+    plan = _plans[key]
+    if plan is None:
+        return None
+    import cudnn
+
+    n, _, h, wd = x.shape
+    k, _, r, s = w.shape
+    ho, wo = (h + 2 * padding - r) // stride + 1, (wd + 2 * padding - s) // stride + 1
+    y = torch.empty((n, k, ho, wo), dtype=torch.float16, device=x.device).contiguous(
+        memory_format=torch.channels_last
+    )
+    total = torch.empty(k, dtype=torch.float32, device=x.device)
+    total_sq = torch.empty(k, dtype=torch.float32, device=x.device)
+    t = plan.tensors
+    binds = {t["x"]: x, t["w"]: w, t["y"]: y, t["sum"]: total, t["sumsq"]: total_sq}
+    if prologue:
+        binds[t["scale"]] = scale.float().contiguous()
+        binds[t["bias"]] = bias.float().contiguous()
+    workspace = torch.empty(max(1, plan.workspace), dtype=torch.uint8, device=x.device)
+    handle = _handle(x.device)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
+    plan.graph.execute(binds, workspace, handle=handle)
+    return y, total, total_sq
