@@ -31,6 +31,7 @@ class _Plan:
     graph: Any
     tensors: dict[str, Any]  # the graph's tensors by name, to bind at each call
     workspace: int
+    vector_dtype: torch.dtype  # what scale and bias are bound as (the variant cuDNN took)
 
 
 _plans: dict[tuple, _Plan | None] = {}  # None: cuDNN declined that shape
@@ -47,7 +48,28 @@ def _handle(device: torch.device) -> Any:
     return _handles[index]
 
 
+# How the prologue's per-channel scale and bias may be described, tried in this order: fp32, or
+# the io type, each with a channels-last or a packed stride for the [1, C, 1, 1] vector.
+_VECTOR_VARIANTS = ((torch.float32, "nhwc"), (torch.float32, "nchw"),
+                    (torch.float16, "nchw"), (torch.float16, "nhwc"))  # fmt: skip
+
+
 def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _Plan | None:
+    """The first variant cuDNN supports (``_VECTOR_VARIANTS``; one without a prologue)."""
+    for dtype, layout in _VECTOR_VARIANTS if prologue else ((torch.float32, "nhwc"),):
+        try:
+            return _build_variant(x, w, prologue, stride, padding, dtype, layout)
+        except Exception as e:  # cudnn raises its own types; any of them means "not this one"
+            log.debug(
+                "cuDNN declined conv_bn for x %s, w %s, vectors %s %s: %s",
+                tuple(x.shape), tuple(w.shape), dtype, layout, str(e)[:200],
+            )  # fmt: skip
+    return None
+
+
+def _build_variant(
+    x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int, dtype, layout: str
+) -> _Plan:
     import cudnn
 
     f32, half = cudnn.data_type.FLOAT, cudnn.data_type.HALF
@@ -58,7 +80,11 @@ def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _
         handle=_handle(x.device),
     )
     c = x.shape[1]
-    vec = {"dim": [1, c, 1, 1], "stride": [c, 1, c, c], "data_type": f32}
+    vec = {
+        "dim": [1, c, 1, 1],
+        "stride": [c, 1, c, c] if layout == "nhwc" else [c, 1, 1, 1],
+        "data_type": f32 if dtype == torch.float32 else half,
+    }
     tensors = {
         "x": g.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=half),
         "w": g.tensor(name="w", dim=list(w.shape), stride=list(w.stride()), data_type=half),
@@ -82,16 +108,12 @@ def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _
     total.set_output(True).set_data_type(f32)
     total_sq.set_output(True).set_data_type(f32)
     tensors.update(y=y, sum=total, sumsq=total_sq)
-    try:
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-    except Exception as e:  # cudnn raises its own error types; any of them means "not this shape"
-        log.debug("cuDNN declined conv_bn for x %s, w %s: %s", tuple(x.shape), tuple(w.shape), e)
-        return None
-    return _Plan(g, tensors, g.get_workspace_size())
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return _Plan(g, tensors, g.get_workspace_size(), dtype)
 
 
 def forward(
@@ -124,8 +146,8 @@ def forward(
     t = plan.tensors
     binds = {t["x"]: x, t["w"]: w, t["y"]: y, t["sum"]: total, t["sumsq"]: total_sq}
     if prologue:
-        binds[t["scale"]] = scale.float().contiguous()
-        binds[t["bias"]] = bias.float().contiguous()
+        binds[t["scale"]] = scale.to(plan.vector_dtype).contiguous()
+        binds[t["bias"]] = bias.to(plan.vector_dtype).contiguous()
     workspace = torch.empty(max(1, plan.workspace), dtype=torch.uint8, device=x.device)
     handle = _handle(x.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)

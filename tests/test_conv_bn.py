@@ -191,8 +191,8 @@ def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, s
     want = reference(x, w, scale, bias, stride, padding)
     got = cudnn_conv_bn.forward(x, w, scale, bias, stride, padding)
     print(f"cuDNN {'ran' if got is not None else 'declined'} {(c, k, r, stride, size, prologue)}")
-    if (c, k, r, prologue) == (64, 64, 3, True):
-        assert got is not None  # the fusion cuDNN 9.19 runs on an H200 (BENCHMARKS.md)
+    if not prologue and c % 8 == 0:
+        assert got is not None  # conv + statistics: cuDNN 9.19 runs it on an H200 (BENCHMARKS.md)
     op = conv_bn(x, w, scale, bias, stride, padding)
     for out in [o for o in (got, op) if o is not None]:
         y, total, total_sq = out
@@ -208,5 +208,6 @@ def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, s
     static.copy_(torch.flip(x, dims=[0]))
     graph.replay()
     again = conv_bn(static, w, scale, bias, stride, padding)
-    for a, b in zip(captured, again, strict=True):
-        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(captured[0], again[0])
+    for a, b in zip(captured[1:], again[1:], strict=True):  # cuDNN's sums: atomics, any order
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-2)
