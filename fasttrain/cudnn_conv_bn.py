@@ -2,8 +2,10 @@
 convolution and the per-channel statistics in one graph (cuDNN's "ConvBNfprop"), through the
 cuDNN frontend's Python graph API (``pip install nvidia-cudnn-frontend``).
 
-cuDNN runs this fusion in fp16 only, NHWC; anything else (bf16, fp32, a shape or build that cuDNN
-declines) is answered with None and ``conv_bn`` runs its reference. A graph and its plan are built
+cuDNN runs this fusion in fp16 only, NHWC, and takes the prologue's scale and bias in fp16 (on
+cuDNN 9.19 the fp32 vectors find no engine); anything else (bf16, fp32, a shape or build that
+cuDNN declines, such as the stem's 3 input channels) is answered with None and ``conv_bn`` runs
+its reference. Its output is the reference's on the fp16-rounded vectors (GPU tests). A graph and its plan are built
 once per shape and kept; each call only binds the tensors and launches on the current stream, so
 the call is capturable in a CUDA graph (its workspace comes from torch's allocator).
 """
@@ -48,8 +50,8 @@ def _handle(device: torch.device) -> Any:
     return _handles[index]
 
 
-# How the prologue's per-channel scale and bias may be described, tried in this order: fp32, or
-# the io type, each with a channels-last or a packed stride for the [1, C, 1, 1] vector.
+# How the prologue's per-channel scale and bias may be described, tried in this order: fp32 (what
+# the reference computes with), or the io type, each with a channels-last or a packed stride
 _VECTOR_VARIANTS = ((torch.float32, "nhwc"), (torch.float32, "nchw"),
                     (torch.float16, "nchw"), (torch.float16, "nhwc"))  # fmt: skip
 
