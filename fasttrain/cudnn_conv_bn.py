@@ -5,9 +5,11 @@ cuDNN frontend's Python graph API (``pip install nvidia-cudnn-frontend``).
 cuDNN runs this fusion in fp16 only, NHWC, and takes the prologue's scale and bias in fp16 (on
 cuDNN 9.19 the fp32 vectors find no engine); anything else (bf16, fp32, a shape or build that
 cuDNN declines, such as the stem's 3 input channels) is answered with None and ``conv_bn`` runs
-its reference. Its output is the reference's on the fp16-rounded vectors (GPU tests). A graph and its plan are built
-once per shape and kept; each call only binds the tensors and launches on the current stream, so
-the call is capturable in a CUDA graph (its workspace comes from torch's allocator).
+its reference. Its output is the reference's on the fp16-rounded vectors (GPU tests).
+
+A graph and its plan are built once per shape and kept; each call only binds the tensors and
+launches on the current stream, so the call is capturable in a CUDA graph (its workspace comes
+from torch's allocator).
 """
 
 from __future__ import annotations
