@@ -1,7 +1,8 @@
 """conv_bn's forward, layer by layer: for each kind of convolution in a ResNet, what cuDNN's fused
 kernel (prologue + conv + statistics) costs against the bare convolution and against the same
 work done unfused (the prologue as an elementwise pass, the conv, the statistics as a
-reduction), in fp16 channels_last. Writes a markdown table, each row weighted by how often the
+reduction: conv_bn's reference, eager), in fp16 channels_last, timed as device time from CUDA
+graph replays. Writes a markdown table, each row weighted by how often the
 model runs that convolution, and the totals.
 
 Usage: python bench/conv_bn_layers.py [--arch resnet50] [--batch 256] [--image-size 224]
@@ -45,16 +46,25 @@ def layers(arch: str, size: int) -> Counter:
     return seen
 
 
-def ms(fn, warmup: int = 5, reps: int = 20, blocks: int = 5) -> float:
-    """Median over ``blocks`` of the mean ms per call of ``reps`` calls between CUDA events."""
-    for _ in range(warmup):
+def ms(fn, reps: int = 20, blocks: int = 5) -> float:
+    """Device time of one call: ``reps`` calls captured in a CUDA graph (as the trainer's step
+    runs them: no host launch cost), the median over ``blocks`` replays."""
+    fn()  # plans, cuDNN autotuning
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     out = []
     for _ in range(blocks):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for _ in range(reps):
-            fn()
+        graph.replay()
         b.record()
         b.synchronize()
         out.append(a.elapsed_time(b) / reps)
