@@ -141,14 +141,11 @@ def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, p
         except Exception:  # a declined engine: try the next
             continue
         plan.workspace = g.get_workspace_size()
-        run = lambda: _execute(
-            plan, x, w, *(vectors if prologue else (None, None)), stride, padding
-        )  # noqa: E731
-        run()
+        _execute(plan, x, w, *vec, stride, padding)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(3):
-            run()
+            _execute(plan, x, w, *vec, stride, padding)
         end.record()
         end.synchronize()
         if start.elapsed_time(end) < best_ms:
