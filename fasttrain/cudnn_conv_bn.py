@@ -141,13 +141,16 @@ def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, p
         except Exception:  # a declined engine: try the next
             continue
         plan.workspace = g.get_workspace_size()
-        _execute(plan, x, w, *vec, stride, padding)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
+        try:
             _execute(plan, x, w, *vec, stride, padding)
-        end.record()
-        end.synchronize()
+            start.record()
+            for _ in range(3):
+                _execute(plan, x, w, *vec, stride, padding)
+            end.record()
+            end.synchronize()
+        except Exception:  # a plan that builds but does not run: the next
+            continue
         if start.elapsed_time(end) < best_ms:
             best, best_ms = index, start.elapsed_time(end)
     if best is None:
