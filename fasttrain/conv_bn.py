@@ -93,7 +93,7 @@ def _(x, weight, scale, bias, stride, padding):
     n, _, h, w = x.shape
     k, _, r, s = weight.shape
     shape = (n, k, _out_size(h, r, stride, padding), _out_size(w, s, stride, padding))
-    y = x.new_empty(shape).contiguous(memory_format=_memory_format(x))
+    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
     return y, x.new_empty((k,), dtype=_acc(x)), x.new_empty((k,), dtype=_acc(x))
 
 
@@ -144,8 +144,8 @@ def conv_bn_backward(
 def _(grad_y, grad_sum, grad_sumsq, y, x, weight, scale, bias, stride, padding):
     c = 0 if scale is None else scale.shape[0]
     return (
-        x.new_empty(x.shape).contiguous(memory_format=_memory_format(x)),
-        weight.new_empty(weight.shape).contiguous(memory_format=_memory_format(weight)),
+        torch.empty_like(x, memory_format=_memory_format(x)),
+        torch.empty_like(weight, memory_format=_memory_format(weight)),
         x.new_empty((c,), dtype=_acc(x)),
         x.new_empty((c,), dtype=_acc(x)),
     )

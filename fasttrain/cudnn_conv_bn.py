@@ -186,8 +186,8 @@ def _execute(
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
     ho, wo = (h + 2 * padding - r) // stride + 1, (wd + 2 * padding - s) // stride + 1
-    y = torch.empty((n, k, ho, wo), dtype=torch.float16, device=x.device).contiguous(
-        memory_format=torch.channels_last
+    y = torch.empty(
+        (n, k, ho, wo), dtype=torch.float16, device=x.device, memory_format=torch.channels_last
     )
     total = torch.empty(k, dtype=torch.float32, device=x.device)
     total_sq = torch.empty(k, dtype=torch.float32, device=x.device)
