@@ -138,7 +138,12 @@ class NonFiniteWatch:
 
 
 def checkpoint_after_oom(
-    save: Callable[[], None], step: int, saved_step: int, metrics: Metrics, meter_sums, dist
+    save: Callable[[], None],
+    step: int,
+    saved_step: int,
+    metrics: Metrics,
+    meter_sums: torch.Tensor,
+    dist: DistState,
 ) -> str:
     """After an OOM the weights are those of the last completed step (the failed step never
     reached the optimizer), so they are saved, in one process; what happened, in words.
