@@ -10,12 +10,14 @@ Parse -> Config -> train. A ``UserError`` anywhere becomes one line on stderr an
 
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from fasttrain.cli import Parser
 
 
 def say(msg: str) -> None:
@@ -26,7 +28,7 @@ def check_data(argv: Sequence[str]) -> int:
     from fasttrain.data.check import find_bad_files, write_exclude_list
     from fasttrain.paths import default_exclude_list
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m fasttrain check-data",
         description="Decode every image under DIR/train and DIR/val, list the ones that fail, and "
         "write them to a list that training leaves out (found automatically for --data DIR).",
@@ -82,7 +84,7 @@ def profile_summary(argv: Sequence[str]) -> int:
     from fasttrain.breakdown import find_traces, summarize, table
     from fasttrain.errors import UserError
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m fasttrain profile-summary",
         description="Recompute the step-time breakdown (compute, NCCL, memcpy, idle, host waits) "
         "from saved torch.profiler traces: a run's profile/ directory or one trace file.",
@@ -152,6 +154,7 @@ def _first_exit(e) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
+    run_log: Path | None = None  # known once the config is resolved
     argv = list(sys.argv[1:] if argv is None else argv)
     from fasttrain.distributed import claim_hardware_queues
 
@@ -182,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
         try:
             resolve(cfg, dist, notes=notes)
+            run_log = Path(cfg.run.output_dir) / f"log-rank{dist.rank}.txt"
             if dist.is_main:
                 for note in notes:
                     say(note)
@@ -207,8 +211,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fasttrain: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a bug or an unforeseen fault: keep its traceback, say where the log is
+        logging.getLogger("fasttrain").exception("the run failed")
+        where = f"; the run's log is {run_log}" if run_log is not None else ""
+        say(f"error: an unexpected failure, traceback above{where}")
+        return 1
     return 0
 
 
+def entry() -> None:
+    """The program: ``main``, then an exit bounded in time (``faults.bound_exit``)."""
+    code = main()
+    from fasttrain.faults import bound_exit
+
+    bound_exit()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,14 @@ from fasttrain.errors import UserError
 from fasttrain.paths import config_dir
 
 NULL_WORDS = ("auto", "none", "null")  # a nullable number's flag takes these for None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line and a pointer to --help (argparse's own prints
+    the whole usage, dozens of lines, before the one that matters)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parser_for(o: Option):
@@ -45,6 +54,8 @@ def _check(o: Option, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where}: expected a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):
+            raise UserError(f"{where}: expected a finite number, got {value}")
     elif not isinstance(value, str):
         raise UserError(f"{where}: expected a string, got {value!r}")
     if o.choices is not None and value not in o.choices:
@@ -86,7 +97,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m fasttrain",
         description="Train an image classifier (ResNet-50 by default) on an ImageNet-style JPEG "
         "folder, or on the built-in sample dataset when --data is not given. Flags override the "

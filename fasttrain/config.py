@@ -31,6 +31,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False  # None is allowed (YAML null; "auto"/"none" on the command line)
+    # (a float must also be finite: NaN and infinity are refused for every option)
     key: str = ""  # "section.field": filled by options()
     type: type = str  # int, float, str or bool: from the field's annotation
 
@@ -166,7 +167,11 @@ class OptimConfig:
         0.1, "--lr-gamma", "with --lr-schedule step: the decay factor", minimum=0
     )
     label_smoothing: float = option(
-        0.0, "--label-smoothing", "label smoothing for the cross-entropy loss", minimum=0
+        0.0,
+        "--label-smoothing",
+        "label smoothing for the cross-entropy loss",
+        minimum=0,
+        maximum=1,
     )
     opt: str = option(
         "sgd",
@@ -304,7 +309,13 @@ class TrainConfig:
         choices=("stop", "skip"),
     )
     device: str = option("auto", "--device", "device to train on", choices=("auto", "cuda", "cpu"))
-    seed: int = option(0, "--seed", "seed for initialisation, shuffling and augmentation")
+    seed: int = option(
+        0,
+        "--seed",
+        "seed for initialisation, shuffling and augmentation",
+        minimum=0,
+        maximum=2**32 - 1,  # what numpy's and DALI's seeds take
+    )
 
 
 @dataclass

@@ -12,14 +12,19 @@ loss, running out of GPU memory.
   ``--on-nan stop`` writes ``nonfinite.json`` and exits 3 without checkpointing the bad weights,
   ``--on-nan skip`` restores the newest checkpoint in place and trains on.
 - **Out of memory:** the weights are those of the last completed step, so one process saves them.
+- **A bounded exit:** once ``main`` returns, the process has ``EXIT_BOUND_S`` to end; past it, a
+  watchdog prints every thread's stack and exits 1, so a hung shutdown never holds a cluster
+  allocation. The trainer shuts its loaders' workers down itself (``Loader.close``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +42,13 @@ from fasttrain.metrics import Logged, Metrics
 log = logging.getLogger("fasttrain")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REPEAT_WINDOW_S = 1.0
+EXIT_BOUND_S = 60.0
+
+
+def bound_exit(seconds: float = EXIT_BOUND_S) -> None:
+    """Arm the exit watchdog: if the process is still alive after ``seconds`` (a child that will
+    not end, a thread that will not join), print every thread's stack and exit 1."""
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
 
 
 class StopRequest:

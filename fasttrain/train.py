@@ -233,8 +233,12 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """After the loop, or a fault: the last interval (if it has landed), the profile."""
+        """After the loop, or a fault: the loaders' workers, the last interval (if it has
+        landed), the profile."""
         self.stop.uninstall()
+        for loader in (self.built.data.train, self.built.data.val):
+            if loader is not None:
+                loader.close()
         try:
             self.metrics.settle(only_if_landed=True)
         except Exception as e:  # the fault being raised is the one to report

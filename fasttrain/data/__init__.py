@@ -38,6 +38,10 @@ class Loader(Protocol):
         """What the loader itself must carry across a resume: empty where the position follows
         from the step, DALI's reader state otherwise."""
 
+    def close(self) -> None:
+        """Release worker processes now: the trainer owns their lifetime, so that no exit waits
+        on them."""
+
 
 @dataclass
 class Data:

@@ -261,6 +261,9 @@ class DaliLoader:
         Lists of one pipeline's, the form 0.1.0 wrote, so its checkpoints still resume."""
         return {"dali": [self.pipe.checkpoint()], "epoch": self.epoch, "runs": [self.runs]}
 
+    def close(self) -> None:
+        """DALI's pipeline runs threads, not processes; they end with the pipeline."""
+
     def _copy_out(self, images, labels, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
         from nvidia.dali.plugin.pytorch import feed_ndarray

@@ -39,6 +39,9 @@ class SyntheticLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.start_batch = start_batch  # every epoch yields the same tensors
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def state_dict(self) -> dict:
         return {}  # nothing beyond the position, which follows from the step
 

@@ -209,6 +209,16 @@ class DeviceLoader:
     def state_dict(self) -> dict:
         return {}  # augmentation is keyed on (seed, epoch, index): the step says it all
 
+    def close(self) -> None:
+        """Stop the worker processes now. They ignore SIGTERM (``_ignore_stop_signals``), so
+        the terminate that Python's exit sends them would do nothing, and the exit would wait on
+        them forever; asked through their queues, they end at once. DataLoader offers no public
+        call for its persistent workers: this is the one its own destructor makes."""
+        iterator = self.loader._iterator  # kept only with persistent workers, after an epoch
+        if iterator is not None:
+            iterator._shutdown_workers()
+            self.loader._iterator = None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         non_blocking = self.device.type == "cuda"
         for images, labels, bad in self.loader:

@@ -1,0 +1,122 @@
+"""What a hostile user or machine does to a run, through the CLI: it ends in bounded time, bad
+values are one line with exit 2, and an unexpected failure keeps its traceback and names the log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import FAST
+
+# A fault injected into a real run: the named method raises on its Nth call. The run starts in a
+# subprocess through fasttrain's own entry point, so the exit (and what could hang it) is real.
+INJECT = """
+import sys
+from {module} import {cls} as target
+calls = [0]
+original = target.{method}
+
+def failing(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == {call}:
+        raise RuntimeError("injected fault")
+    return original(self, *args, **kwargs)
+
+target.{method} = failing
+sys.argv = ["fasttrain", *{argv!r}]
+from fasttrain.__main__ import entry
+entry()
+"""
+
+
+def run_injected(module, cls, method, call, argv, timeout=120):
+    code = textwrap.dedent(INJECT).format(
+        module=module, cls=cls, method=method, call=call, argv=[str(a) for a in argv]
+    )
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return done, time.monotonic() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module, cls, method, where",
+    [
+        ("fasttrain.step", "EagerStep", "__call__", "mid-epoch, train workers alive"),
+        ("fasttrain.evaluate", "Evaluator", "_logits", "in evaluation, val workers alive"),
+    ],
+)
+def test_an_unexpected_failure_exits_in_bounded_time_with_its_traceback(
+    tiny_data, tmp_path, module, cls, method, where
+):
+    """Loader workers ignore SIGTERM (so a scheduler's signal cannot kill the step the main
+    process finishes before its checkpoint); Python's exit used to wait on them forever after a
+    failure. The trainer now shuts them down itself, and a watchdog bounds the exit."""
+    out = tmp_path / "run"
+    argv = ["--data", tiny_data, *FAST, "--workers", "2", "--epochs", "2", "--output-dir", out]
+    call = 5 if cls == "EagerStep" else 2
+    done, seconds = run_injected(module, cls, method, call, argv)
+    assert done.returncode == 1, (where, done.stderr[-2000:])
+    assert seconds < 60, where  # it used to hang until killed
+    assert "RuntimeError: injected fault" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        "fasttrain: error: an unexpected failure, traceback above; the run's log is "
+        f"{out / 'log-rank0.txt'}"
+    )
+    assert "injected fault" in (out / "log-rank0.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr", "nan"], "--lr: expected a finite number, got nan"),
+        (["--lr", "inf"], "--lr: expected a finite number, got inf"),
+        (["--warmup-epochs", "nan"], "--warmup-epochs: expected a finite number, got nan"),
+        (["--seed", "-1"], "--seed must be at least 0 (got -1)"),
+        (["--seed", "4294967296"], "--seed must be at most 4.29497e+09 (got 4294967296)"),
+        (["--label-smoothing", "5"], "--label-smoothing must be at most 1 (got 5.0)"),
+    ],
+)
+def test_values_out_of_bounds_are_one_line_and_exit_2(run, tmp_path, flags, message):
+    code, err = run("--data", tmp_path, *FAST, *flags)
+    assert code == 2 and err.strip() == f"fasttrain: error: {message}"
+    assert not list(tmp_path.glob("runs*"))
+
+
+def test_a_nan_in_a_recipe_is_refused(run, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  lr: .nan\n")
+    code, err = run("--config", recipe, "--data", tmp_path, *FAST)
+    assert code == 2 and err.strip() == f"fasttrain: error: {recipe}: optim.lr: expected a " \
+        "finite number, got nan"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--amp", "fp8"], "argument --amp: invalid choice: 'fp8'"),
+        (["--epochs", "many"], "argument --epochs: invalid int value: 'many'"),
+    ],
+)
+def test_a_usage_error_is_one_line_with_a_pointer_to_help(argv, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "fasttrain", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"python -m fasttrain: error: {message}")
+    assert lines[0].endswith("(see python -m fasttrain --help)")
