@@ -131,6 +131,44 @@ def latest_valid(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def first_nonfinite(training: Training) -> str | None:
+    """The first of the model's parameters and buffers, then the optimizer's state, holding NaN
+    or infinity; None when all are finite. Checked on the device, read with one host copy."""
+    named = list(training.model.state_dict().items())
+    params = {id(p): n for n, p in training.model.named_parameters()}
+    for p, state in training.optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                named.append((f"optimizer {key} of {params.get(id(p), 'a parameter')}", value))
+    floats = [(n, t) for n, t in named if t.is_floating_point() and t.numel()]
+    if not floats:
+        return None
+    finite = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()
+    return next((n for (n, _), ok in zip(floats, finite, strict=True) if not ok), None)
+
+
+def _finite(state: dict[str, Any]) -> bool:
+    """Whether a loaded checkpoint's model and optimizer tensors are all finite."""
+    tensors = list(state["model"].values())
+    for entry in state["optimizer"].get("state", {}).values():
+        tensors += [v for v in entry.values() if isinstance(v, torch.Tensor)]
+    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+
+
+def latest_finite(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads and holds only finite values (``--on-nan skip``)."""
+    for path in list_checkpoints(directory):
+        try:
+            state = _read(path)
+        except ValueError as e:
+            log.warning("--on-nan skip: skipping %s: %s", path, e)
+            continue
+        if _finite(state):
+            return path, state
+        log.warning("--on-nan skip: skipping %s: it holds NaN or infinite values", path)
+    return None
+
+
 def rng_state() -> dict[str, Any]:
     """Python, numpy, torch and CUDA RNG states, as tensors and plain values (weights_only-safe)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()

@@ -116,33 +116,59 @@ class NonFiniteWatch:
 
     def _nonfinite(self, record: dict[str, Any], now: int, training: Training) -> None:
         since = self.logged_step
-        found = ckpt.latest_valid(self.run_dir) if self.policy == "skip" else None
+        what = (
+            f"the loss became NaN or infinite between steps {since} and {record['step']} "
+            f"(LR {record['lr']:.4g}; last finite loss {self.last_finite.get('loss')})"
+        )
+        diagnostic = {
+            "nonfinite_losses": record["nonfinite_losses"],
+            "between_steps": [since, record["step"]],
+            "lr": record["lr"],
+            "last_finite_loss": self.last_finite.get("loss"),
+            "last_finite_loss_step": self.last_finite.get("step"),
+        }
+        self._act(what, diagnostic, now, training)
+
+    def check_state(self, step: int, training: Training) -> bool:
+        """Before a checkpoint: whether weights, BN statistics and optimizer state are all
+        finite. If not, act on ``--on-nan`` (they can go non-finite a step before the loss
+        shows it: the loss is computed before the update), and the step is not saved."""
+        bad = ckpt.first_nonfinite(training)
+        if bad is None:
+            return True
+        what = f"{bad} holds NaN or infinite values at step {step}, before its checkpoint"
+        self._act(what, {"step": step}, step, training)
+        return False
+
+    def _act(self, what: str, diagnostic: dict[str, Any], now: int, training: Training) -> None:
+        """``--on-nan stop``: ``nonfinite.json`` and exit 3, with no checkpoint of the bad state.
+        ``--on-nan skip``: restore the newest finite checkpoint in place (the CUDA graph keeps
+        reading the same tensors) and go on from the current step."""
+        found = ckpt.latest_finite(self.run_dir) if self.policy == "skip" else None
         if found is None:
             diagnostic = {
-                "nonfinite_losses": record["nonfinite_losses"],
-                "between_steps": [since, record["step"]],
-                "lr": record["lr"],
-                "last_finite_loss": self.last_finite.get("loss"),
-                "last_finite_loss_step": self.last_finite.get("step"),
+                **diagnostic,
+                "first_nonfinite_tensor": ckpt.first_nonfinite(training),
                 "on_nan": self.policy,
             }
             if self.dist.is_main:
                 text = json.dumps(diagnostic, indent=2) + "\n"
                 (self.run_dir / "nonfinite.json").write_text(text)
             raise NonFiniteLoss(
-                f"the loss became NaN or infinite between steps {since} and {record['step']} "
-                f"(LR {record['lr']:.4g}; last finite loss {self.last_finite.get('loss')}); "
-                f"wrote {self.run_dir / 'nonfinite.json'}"
-                + (" (no checkpoint to restore for --on-nan skip)" if self.policy == "skip" else "")
+                f"{what}; wrote {self.run_dir / 'nonfinite.json'}"
+                + (
+                    " (no finite checkpoint to restore for --on-nan skip)"
+                    if self.policy == "skip"
+                    else ""
+                )
                 + "; lower --lr or --warmup-epochs up, check the data, or use --on-nan skip"
             )
         path, state = found
         ckpt.restore_in_place(state, training)
         log.warning(
-            "non-finite loss between steps %d and %d: restored the weights and optimizer of %s "
-            "(step %d) and training on from step %d (--on-nan skip)",
-            since,
-            record["step"],
+            "%s: restored the weights and optimizer of %s (step %d) and training on from step "
+            "%d (--on-nan skip)",
+            what,
             path,
             state["step"],
             now,

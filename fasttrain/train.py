@@ -195,6 +195,10 @@ class Trainer:
         self.nonfinite.check(self.metrics.settle(), self.step, self.training, self.metrics)
         if self.saved_step != self.step:
             self.agree_on_bn_statistics()  # one model on every rank, before it is saved
+            # never a checkpoint of a broken model: every rank checks its (identical) state
+            if not self.nonfinite.check_state(self.step, self.training):
+                self.metrics.restart_interval()
+                return
             loader_states = self.dist.all_gather_object(  # DALI's reader states, one per rank
                 self.built.data.train.state_dict() if loader_state else {},
                 what="the all_gather of loader states for a checkpoint",
