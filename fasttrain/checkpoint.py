@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fasttrain")
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+WRITER_FAILED = re.compile(r"PytorchStreamWriter failed|file write failed|unexpected pos")
+
+
+def _first_line(e: BaseException) -> str:
+    return next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -232,10 +237,15 @@ def write(state: dict[str, Any], run_dir: Path, keep: int) -> Path:
     step = state["step"]
     try:
         return save_checkpoint(state, run_dir, step, keep)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        # a full disk reaches torch.save's zip writer as a RuntimeError ("PytorchStreamWriter
+        # failed writing file ...: file write failed"); any other RuntimeError is a bug
+        if isinstance(e, RuntimeError) and not WRITER_FAILED.search(str(e)):
+            raise
         previous = list_checkpoints(run_dir)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
         raise CheckpointWriteError(
-            f"could not write the checkpoint of step {step} in {run_dir} ({e.strerror or e}); "
+            f"could not write the checkpoint of step {step} in {run_dir} ({reason}); "
             + (f"{previous[0].name} is intact" if previous else "no earlier checkpoint exists")
             + ": free space or point --output-dir elsewhere, then --resume auto"
         ) from None

@@ -160,19 +160,33 @@ def test_out_of_memory_mid_run_checkpoints_the_last_completed_step(
     assert last_checkpoint(out)["step"] == 8
 
 
+# how a full disk reaches fasttrain: as the OS's error, or through torch.save's zip writer
+FULL_DISK = {
+    "oserror": (OSError, (28, "No space left on device"), "No space left"),
+    "zip writer": (
+        RuntimeError,
+        (
+            "[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+            "data/12: file write failed",
+        ),
+        "PytorchStreamWriter failed writing file data/12: file write failed",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(FULL_DISK))
 def test_a_failed_checkpoint_write_is_loud_and_keeps_the_previous(
-    run, tiny_data, tmp_path, monkeypatch
+    run, tiny_data, tmp_path, monkeypatch, how
 ):
     """The disk fills at the second checkpoint: one line naming it, exit 1, the first intact."""
-    import errno
-
+    error, args, reason = FULL_DISK[how]
     real = torch.save
     calls = [0]
 
     def full_disk(obj, f, *a, **k):
         calls[0] += 1
         if calls[0] == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise error(*args)
         return real(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", full_disk)
@@ -192,7 +206,7 @@ def test_a_failed_checkpoint_write_is_loud_and_keeps_the_previous(
     )
     assert code == 1
     line = one_line_error(err)
-    assert "could not write the checkpoint of step 4" in line and "No space left" in line
+    assert "could not write the checkpoint of step 4" in line and reason in line
     assert "ckpt-00000002.pt is intact" in line
     saved = last_checkpoint(out)
     assert saved["step"] == 2
