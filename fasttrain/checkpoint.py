@@ -13,6 +13,7 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,8 +98,40 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     finally:
         os.close(dir_fd)
     for old in list_checkpoints(directory)[keep:]:
-        old.unlink(missing_ok=True)
+        if old != path:  # never the one just written (set_aside keeps later steps away)
+            old.unlink(missing_ok=True)
     return path
+
+
+def set_aside(directory: Path, start_step: int) -> list[Path]:
+    """Prepare ``directory`` for a run that starts at ``start_step``: checkpoints of later steps
+    belong to a run this one branches away from (a resume from an older step, or a fresh start
+    in a used folder). They would win ``--resume auto`` and, newest by step, make pruning delete
+    every checkpoint this run writes; they move to ``abandoned-<time>/``. Temporary files of
+    writers that died mid-write are removed. Returns the checkpoints moved."""
+    directory = Path(directory)
+    for tmp in directory.glob(".ckpt-*.pt.tmp-*"):
+        tmp.unlink(missing_ok=True)
+        log.info("removed %s, left by a checkpoint write that did not finish", tmp.name)
+    later = [
+        p for p in list_checkpoints(directory) if int(_NAME.match(p.name).group(1)) > start_step
+    ]
+    if not later:
+        return []
+    aside = directory / time.strftime("abandoned-%Y%m%d-%H%M%S")
+    aside.mkdir(exist_ok=True)
+    for path in later:
+        os.replace(path, aside / path.name)
+    log.warning(
+        "this run starts at step %d, and %s held checkpoints of later steps (%s) from a run it "
+        "branches away from: moved to %s, so that they neither win --resume auto nor push this "
+        "run's checkpoints out",
+        start_step,
+        directory,
+        ", ".join(p.name for p in later),
+        aside,
+    )
+    return later
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -329,6 +329,9 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     step = 0
     if resumed:
         step = ckpt.resume(*resumed, cfg, built.training, built.global_batch, built.steps_per_epoch)
+    if dist.is_main:
+        ckpt.set_aside(run_dir, step)
+    dist.barrier("the barrier after preparing the run directory")
     _log_setup(cfg, dist, built, step)
     return Trainer(cfg, dist, built, step, t_start).fit()
 

@@ -120,3 +120,30 @@ def test_a_usage_error_is_one_line_with_a_pointer_to_help(argv, message):
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"python -m fasttrain: error: {message}")
     assert lines[0].endswith("(see python -m fasttrain --help)")
+
+
+def test_a_run_branching_from_an_older_step_keeps_its_own_checkpoints(run, tiny_data, tmp_path):
+    """Resume from a copy of step 3 into a folder that still holds the abandoned run's step 6,
+    keeping one checkpoint: the new checkpoints survive pruning, the abandoned ones move aside
+    (so --resume auto takes the new lineage), and a dead writer's temporary file goes."""
+    from fasttrain import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    flags = ["--data", tiny_data, *FAST, "--eval-every", "0", "--output-dir", out]
+    code, err = run(*flags, "--max-steps", "6", "--ckpt-every-steps", "3")
+    assert code == 0, err
+    branch = tmp_path / "step3.pt"
+    branch.write_bytes((out / "ckpt-00000003.pt").read_bytes())
+    (out / ".ckpt-00000007.pt.tmp-4242").write_bytes(b"half a checkpoint")
+    code, err = run(
+        *flags, "--max-steps", "8", "--ckpt-every-steps", "1", "--keep-checkpoints", "1",
+        "--resume", branch,
+    )  # fmt: skip
+    assert code == 0, err
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["ckpt-00000008.pt"]
+    (aside,) = out.glob("abandoned-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["ckpt-00000006.pt"]
+    assert not list(out.glob(".ckpt-*.tmp-*"))
+    log = (out / "log-rank0.txt").read_text()
+    assert "this run starts at step 3" in log and "ckpt-00000006.pt" in log
+    assert ckpt.latest_valid(out)[1]["step"] == 8
