@@ -320,7 +320,19 @@ def resume(
     At another global batch (another world size), the step is converted through the images
     seen: the same epoch, and as far into it as the saved run had trained (rounded down)."""
     _warn_config_changes(state["config"], cfg.to_dict())
-    training.model.load_state_dict(state["model"])
+    try:
+        training.model.load_state_dict(state["model"])
+    except RuntimeError as e:  # another architecture or class count: torch's message is a page
+        arch = state["config"].get("model", {}).get("arch")
+        head = state["model"].get("fc.bias")
+        classes = head.numel() if head is not None else "?"
+        first = next((x.strip() for x in str(e).splitlines()[1:] if x.strip()), "")
+        raise UserError(
+            f"--resume {path}: its model ({arch}, {classes} classes) does not fit this run's "
+            f"({cfg.model.arch}, "
+            f"{training.model.fc.out_features} classes): {first.rstrip('.')}; resume with the "
+            "checkpoint's --arch and --num-classes, or start without --resume"
+        ) from None
     training.optimizer.load_state_dict(state["optimizer"])
     if training.scaler is not None and state.get("scaler") is not None:
         training.scaler.load_state_dict(state["scaler"])

@@ -72,7 +72,11 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"--config {path}: file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:  # a binary file
+        raise UserError(f"--config {path}: not a YAML text file (not UTF-8 text)") from None
+    except OSError as e:
+        raise UserError(f"--config {path}: cannot read it ({e.strerror})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""

@@ -147,3 +147,95 @@ def test_a_run_branching_from_an_older_step_keeps_its_own_checkpoints(run, tiny_
     log = (out / "log-rank0.txt").read_text()
     assert "this run starts at step 3" in log and "ckpt-00000006.pt" in log
     assert ckpt.latest_valid(out)[1]["step"] == 8
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.startswith("fasttrain: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _copy(tiny_data, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data, symlinks=True)
+    return data
+
+
+@pytest.mark.parametrize("where", ["file", "class folder"])
+def test_a_symlink_loop_in_the_data_is_one_line(run, tiny_data, tmp_path, where):
+    data = _copy(tiny_data, tmp_path)
+    link = data / "train" / "class_000" / "loop.jpg" if where == "file" else data / "train" / "x"
+    link.symlink_to(link.name)  # points at itself
+    code, err = run("--data", data, *FAST, "--output-dir", tmp_path / "out")
+    assert code == 2
+    assert _one_line(err) == (
+        f"fasttrain: error: --data: cannot read {link} (Too many levels of symbolic links); "
+        "fix it (permissions, links) or move it out of the dataset"
+    )
+
+
+def test_an_unreadable_class_folder_is_one_line(run, tiny_data, tmp_path, monkeypatch):
+    """(Permissions cannot be taken from root, which CI runs as: the refusal is simulated.)"""
+    import errno
+
+    data = _copy(tiny_data, tmp_path)
+    locked = data / "val" / "class_001"
+    scandir = os.scandir
+
+    def refuse(path="."):
+        if os.fspath(path) == os.fspath(locked):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(locked))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    code, err = run("--data", data, *FAST, "--output-dir", tmp_path / "out")
+    assert code == 2
+    assert f"cannot read {locked} (Permission denied)" in _one_line(err)
+
+
+def test_a_single_class_dataset_is_refused(run, tiny_data, tmp_path):
+    import shutil
+
+    data = _copy(tiny_data, tmp_path)
+    for split in ("train", "val"):
+        for extra in sorted((data / split).iterdir())[1:]:
+            shutil.rmtree(extra)
+    code, err = run("--data", data, *FAST, "--output-dir", tmp_path / "out")
+    assert code == 2
+    assert _one_line(err) == (
+        f"fasttrain: error: --data {data}/train: one class folder (class_000); a classifier "
+        "needs at least two classes"
+    )
+
+
+def test_a_binary_config_is_one_line(run, tmp_path):
+    recipe = tmp_path / "model.pt"
+    recipe.write_bytes(bytes(range(256)) * 4)
+    code, err = run("--config", recipe, "--data", tmp_path, *FAST)
+    assert code == 2
+    assert (
+        _one_line(err)
+        == f"fasttrain: error: --config {recipe}: not a YAML text file (not UTF-8 text)"
+    )
+
+
+@pytest.mark.slow
+def test_resuming_another_architecture_is_one_line(run, tiny_data, tmp_path):
+    out = tmp_path / "r18"
+    flags = ["--data", tiny_data, *FAST, "--eval-every", "0", "--max-steps", "2"]
+    code, err = run(*flags, "--output-dir", out)
+    assert code == 0, err
+    ckpt_path = out / "ckpt-00000002.pt"
+    code, err = run(*flags, "--arch", "resnet34", "--output-dir", tmp_path / "r34",
+                    "--resume", ckpt_path)  # fmt: skip
+    assert code == 2
+    line = _one_line(err)
+    assert line.startswith(
+        f"fasttrain: error: --resume {ckpt_path}: its model (resnet18, 4 classes) does not fit "
+        "this run's (resnet34, 4 classes): "
+    )
+    assert line.endswith(
+        "resume with the checkpoint's --arch and --num-classes, or start without --resume"
+    )

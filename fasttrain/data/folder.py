@@ -23,6 +23,30 @@ class FolderDataset:
     val: list[tuple[str, int]]
 
 
+def _unreadable(e: OSError) -> UserError:
+    """A folder or file the scan cannot read (permissions, a symlink loop), as one line."""
+    return UserError(
+        f"--data: cannot read {e.filename} ({e.strerror}); fix it (permissions, links) or "
+        "move it out of the dataset"
+    )
+
+
+def _is(entry: os.DirEntry, kind: str) -> bool:
+    try:
+        return entry.is_dir() if kind == "dir" else entry.is_file()
+    except OSError as e:  # a symlink loop, an unreadable link target
+        raise _unreadable(e) from None
+
+
+def _list(directory: Path, kind: str) -> list[os.DirEntry]:
+    """The entries of ``directory`` that are directories (``kind="dir"``) or files."""
+    try:
+        with os.scandir(directory) as entries:
+            return [e for e in entries if _is(e, kind)]
+    except OSError as e:
+        raise _unreadable(e) from None
+
+
 def _scan_split(split_dir: Path, classes: list[str], exclude: set[str]) -> list[tuple[str, int]]:
     samples: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
@@ -30,9 +54,7 @@ def _scan_split(split_dir: Path, classes: list[str], exclude: set[str]) -> list[
         if not class_dir.is_dir():
             continue
         files = sorted(
-            e.path
-            for e in os.scandir(class_dir)
-            if e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS)
+            e.path for e in _list(class_dir, "file") if e.name.lower().endswith(IMG_EXTENSIONS)
         )
         if not files:
             raise UserError(
@@ -66,14 +88,19 @@ def scan_folder(root: str | Path, exclude: set[str] | None = None) -> FolderData
                 f"--data {root}: no {split}/ folder; expected {root}/{split}/<class>/"
                 "<image>.jpg (ImageNet layout)"
             )
-    classes = sorted(e.name for e in os.scandir(root / "train") if e.is_dir())
+    classes = sorted(e.name for e in _list(root / "train", "dir"))
     if not classes:
         raise UserError(f"--data {root}/train: no class folders; expected train/<class>/<image>")
-    extra = sorted({e.name for e in os.scandir(root / "val") if e.is_dir()} - set(classes))
+    extra = sorted({e.name for e in _list(root / "val", "dir")} - set(classes))
     if extra:
         raise UserError(
             f"--data {root}/val: class folders not in train/: {', '.join(extra[:5])}; "
             "val classes must be a subset of train classes"
+        )
+    if len(classes) < 2:
+        raise UserError(
+            f"--data {root}/train: one class folder ({classes[0]}); a classifier needs at least "
+            "two classes"
         )
     train = _scan_split(root / "train", classes, exclude)
     val = _scan_split(root / "val", classes, exclude)
