@@ -239,3 +239,38 @@ def test_resuming_another_architecture_is_one_line(run, tiny_data, tmp_path):
     assert line.endswith(
         "resume with the checkpoint's --arch and --num-classes, or start without --resume"
     )
+
+
+def test_both_loaders_apply_exif_orientation(tmp_path):
+    """A phone photo stored sideways with an EXIF orientation tag: the torchvision loader and
+    DALI see the picture a viewer shows (left half red turned to the top half here)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from fasttrain.data.folder import scan_folder
+
+    pytest.importorskip("nvidia.dali")
+    from fasttrain.data.dali import DaliLoader
+    from fasttrain.data.torchvision import build_torchvision_loader
+
+    pixels = np.zeros((64, 96, 3), np.uint8)
+    pixels[:, :48, 0] = 255  # left half red, right half blue
+    pixels[:, 48:, 2] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to display"
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            Image.fromarray(pixels).save(tmp_path / split / c / "photo.jpg", exif=exif)
+    samples = scan_folder(tmp_path).val
+    common = dict(train=False, image_size=32, batch_size=2, seed=0, rank=0, world=1,
+                  device=torch.device("cpu"), channels_last=True)  # fmt: skip
+    tv = build_torchvision_loader(samples, workers=0, dtype=torch.float32, **common)
+    dali = DaliLoader(samples, threads=1, hw_decoder_load=0.99, local_rank=0, **common)
+    for loader in (tv, dali):
+        loader.set_epoch(0)
+        x, _ = next(iter(loader))
+        red = x[0, 0].float()
+        assert red[:12].mean() > 1 and red[-12:].mean() < -1, type(loader).__name__
+        assert abs(red[:, :12].mean() - red[:, -12:].mean()) < 0.2, type(loader).__name__

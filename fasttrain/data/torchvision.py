@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 import torchvision.transforms.functional as F
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from fasttrain.profiling import span
@@ -89,7 +89,8 @@ class ImageFolderDataset(Dataset):
         with warnings.catch_warnings():  # a 10k x 10k photo is big, not a decompression bomb
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as im:
-                img = to_rgb(im)
+                # as a viewer shows it, and as DALI's decoder hands it over: EXIF orientation
+                img = to_rgb(ImageOps.exif_transpose(im))
         if self.train:
             rng = random.Random(f"{self.seed}-{epoch}-{index}")
             top, left, h, w = random_resized_crop_params(rng, img.width, img.height)
