@@ -24,7 +24,15 @@ def cache_dir() -> Path:
 
 
 def default_exclude_list(data_path: str | Path) -> Path:
-    """Where ``check-data`` writes, and training looks for, the bad-file list of a dataset."""
+    """Where ``check-data`` writes, and training looks for, the bad-file list of a dataset
+    (0.1.0 wrote it as text under the same name with ``.txt``: ``found_exclude_list`` reads
+    either)."""
     absolute = os.path.abspath(Path(data_path).expanduser())
     digest = hashlib.sha1(absolute.encode()).hexdigest()[:12]
-    return cache_dir() / "check-data" / f"{Path(absolute).name}-{digest}.txt"
+    return cache_dir() / "check-data" / f"{Path(absolute).name}-{digest}.json"
+
+
+def found_exclude_list(data_path: str | Path) -> Path | None:
+    """The bad-file list check-data wrote for ``data_path``, if there is one."""
+    path = default_exclude_list(data_path)
+    return next((p for p in (path, path.with_suffix(".txt")) if p.is_file()), None)

@@ -16,7 +16,7 @@ import yaml
 
 from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
 from fasttrain.errors import UserError
-from fasttrain.paths import default_exclude_list
+from fasttrain.paths import found_exclude_list
 
 if TYPE_CHECKING:
     from fasttrain.distributed import DistState
@@ -73,8 +73,8 @@ def resolve(
             )
     if d.path is not None:
         d.path = str(Path(d.path).expanduser())
-        found = default_exclude_list(d.path)
-        if d.exclude_list is None and found.is_file():
+        found = found_exclude_list(d.path)
+        if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
     _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks

@@ -274,3 +274,36 @@ def test_both_loaders_apply_exif_orientation(tmp_path):
         red = x[0, 0].float()
         assert red[:12].mean() > 1 and red[-12:].mean() < -1, type(loader).__name__
         assert abs(red[:, :12].mean() - red[:, -12:].mean()) < 0.2, type(loader).__name__
+
+
+def test_check_data_lists_any_file_name_and_dali_then_trains_past_it(run, tiny_data, tmp_path):
+    """A zero-byte file whose name holds a newline: check-data's list names it exactly (one JSON
+    document), and the DALI loader, which would stop on it, trains past it."""
+    import json
+
+    pytest.importorskip("nvidia.dali")
+    from fasttrain.__main__ import main
+    from fasttrain.data.check import read_exclude_list
+
+    data = _copy(tiny_data, tmp_path)
+    odd = data / "train" / "class_001" / "bad\nname.jpg"
+    odd.write_bytes(b"")
+    listed = tmp_path / "bad.json"
+    assert main(["check-data", str(data), "--workers", "1", "--output", str(listed)]) == 0
+    document = json.loads(listed.read_text())
+    assert [f["path"] for f in document["files"]] == [str(odd)]
+    assert read_exclude_list(listed) == {str(odd)}
+    code, err = run(
+        "--data", data, *FAST, "--loader", "dali", "--dali-threads", "1", "--max-steps", "3",
+        "--eval-every", "0", "--exclude-list", listed, "--output-dir", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "leaving out the 1 files" in (tmp_path / "o" / "log-rank0.txt").read_text()
+
+
+def test_a_hand_written_exclusion_list_is_one_path_per_line(tmp_path):
+    from fasttrain.data.check import read_exclude_list
+
+    listed = tmp_path / "skip.txt"
+    listed.write_text("# broken ones\n/data/a.jpg\n\n/data/b c.jpg\n")
+    assert read_exclude_list(listed) == {"/data/a.jpg", "/data/b c.jpg"}

@@ -10,6 +10,7 @@ named .jpg, say), and one of those would stop a DALI run just the same.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -18,6 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from fasttrain.data.folder import scan_folder
+from fasttrain.errors import UserError
 
 
 def decode_error(path: str) -> str | None:
@@ -99,19 +101,34 @@ def find_dali_rejects(
 
 
 def write_exclude_list(path: Path, root: str | Path, bad: list[tuple[str, str]]) -> None:
-    """One absolute path per line; the reason follows as a comment line above it."""
+    """One JSON document: every file's absolute path (any character a file name may hold, a
+    newline included, survives) and the reason it was rejected."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f"# undecodable images under {os.path.abspath(root)}, found by check-data"]
-    for p, reason in bad:
-        lines += [f"# {reason}", os.path.abspath(p)]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
+    document = {
+        "found_by": "python -m fasttrain check-data",
+        "root": os.path.abspath(root),
+        "files": [{"path": os.path.abspath(p), "reason": reason} for p, reason in bad],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n")
     tmp.replace(path)
 
 
 def read_exclude_list(path: str | Path) -> set[str]:
+    """The absolute paths an exclusion list names: check-data's JSON document, or a text file
+    with one path per line (``#`` starts a comment line), as a user may write by hand."""
+    text = Path(path).read_text()
+    if text.lstrip().startswith("{"):
+        try:
+            files = json.loads(text)["files"]
+            return {os.path.abspath(f["path"]) for f in files}
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(
+                f"--exclude-list {path}: not a list check-data wrote ({type(e).__name__}); run "
+                "python -m fasttrain check-data again"
+            ) from None
     return {
         os.path.abspath(line.strip())
-        for line in Path(path).read_text().splitlines()
+        for line in text.splitlines()
         if line.strip() and not line.startswith("#")
     }
