@@ -307,3 +307,19 @@ def test_a_hand_written_exclusion_list_is_one_path_per_line(tmp_path):
     listed = tmp_path / "skip.txt"
     listed.write_text("# broken ones\n/data/a.jpg\n\n/data/b c.jpg\n")
     assert read_exclude_list(listed) == {"/data/a.jpg", "/data/b c.jpg"}
+
+
+def test_dalis_reader_failing_on_a_zero_byte_file_is_one_line_naming_it(run, tiny_data, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    data = _copy(tiny_data, tmp_path)
+    empty = data / "train" / "class_001" / "zero.jpg"
+    empty.write_bytes(b"")
+    code, err = run(
+        "--data", data, *FAST, "--loader", "dali", "--dali-threads", "1", "--max-steps", "6",
+        "--eval-every", "0", "--output-dir", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 1
+    assert _one_line(err).startswith(
+        f"fasttrain: error: --loader dali: DALI cannot read {empty} (File mapping failed); run "
+        "`python -m fasttrain check-data DIR` once"
+    )

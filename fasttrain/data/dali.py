@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +38,8 @@ from fasttrain.errors import RuntimeFault, UserError
 from fasttrain.profiling import span
 
 READER = "Reader"
+# how DALI's file reader names the file it failed on ("File mapping failed: /path/x.jpg")
+BAD_FILE = re.compile(r"([^\n:]*failed):\s*(/[^\n]+)")
 # decoder scratch sized for ImageNet's largest images (NVIDIA's DeepLearningExamples values), so
 # the hardware decoder does not reallocate mid-run
 DEVICE_MEMORY_PADDING = 211_025_920
@@ -231,9 +234,32 @@ class DaliLoader:
     def __len__(self) -> int:
         return self.batches
 
+    def _run(self):
+        """One batch from the pipeline, with DALI's failures on a bad file as one line: its
+        decoder does not name the file, its reader does (a zero-byte or unreadable file)."""
+        try:
+            return self.pipe.run()  # returns once the batch is decoded
+        except RuntimeError as e:
+            text = str(e)
+            split = "train" if self.train else "val"
+            fix = (
+                "run `python -m fasttrain check-data DIR` once (training then leaves the bad "
+                "files out), or use --loader torchvision, which skips them"
+            )
+            if "readers.file" in text:
+                named = BAD_FILE.search(text)
+                what = f"{named.group(2)} ({named.group(1)})" if named else "a file"
+                raise DataError(f"--loader dali: DALI cannot read {what}; {fix}") from None
+            if "decoders" in text:
+                raise DataError(
+                    f"--loader dali: a {split} image failed to decode, and DALI does not say "
+                    f"which; {fix}"
+                ) from None
+            raise
+
     def _skip(self, until: int) -> None:
         while self.runs < until:
-            self.pipe.run()
+            self._run()
             self.runs += 1
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -277,17 +303,7 @@ class DaliLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(self.start_batch, self.batches):
-            try:
-                images, labels = self.pipe.run()  # returns once the batch is decoded
-            except RuntimeError as e:
-                if "decoders" not in str(e):
-                    raise
-                split = "train" if self.train else "val"
-                raise DataError(
-                    f"--loader dali: a {split} image failed to decode, and DALI does not say "
-                    "which; run `python -m fasttrain check-data DIR` once (training then leaves "
-                    "the bad files out), or use --loader torchvision, which skips them"
-                ) from None
+            images, labels = self._run()
             self.runs += 1
             with span("fasttrain.copy_in"):
                 x, y = self._copy_out(images, labels, i % len(self.buffers))
