@@ -323,3 +323,57 @@ def test_dalis_reader_failing_on_a_zero_byte_file_is_one_line_naming_it(run, tin
         f"fasttrain: error: --loader dali: DALI cannot read {empty} (File mapping failed); run "
         "`python -m fasttrain check-data DIR` once"
     )
+
+
+SLOW_EVAL = """
+import sys, time
+from pathlib import Path
+from fasttrain.evaluate import Evaluator
+original = Evaluator._logits
+
+def slow(self, *args, **kwargs):
+    marker = Path({marker!r})
+    if not marker.exists():
+        marker.write_text("evaluating")
+        time.sleep(3)
+    return original(self, *args, **kwargs)
+
+Evaluator._logits = slow
+sys.argv = ["fasttrain", *{argv!r}]
+from fasttrain.__main__ import entry
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_during_evaluation_checkpoints_and_exits(tiny_data, tmp_path):
+    """The scheduler's SIGTERM reaches every process of the group while val workers are busy:
+    the workers ignore it, the run finishes the evaluation, checkpoints and exits 0, in bounded
+    time."""
+    import json
+    import signal
+
+    out, marker = tmp_path / "run", tmp_path / "evaluating"
+    argv = [str(a) for a in ("--data", tiny_data, *FAST, "--workers", "2", "--epochs", "3",
+                             "--output-dir", out)]  # fmt: skip
+    code = textwrap.dedent(SLOW_EVAL).format(marker=str(marker), argv=argv)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()[-2000:]
+    assert time.monotonic() - t0 < 60
+    log = (out / "log-rank0.txt").read_text()
+    assert "stopped by SIGTERM" in log
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps and list(out.glob("ckpt-*.pt"))
