@@ -377,3 +377,30 @@ def test_sigterm_to_the_process_group_during_evaluation_checkpoints_and_exits(ti
     assert "stopped by SIGTERM" in log
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps and list(out.glob("ckpt-*.pt"))
+
+
+def test_a_class_whose_every_image_fails_is_named(run, tiny_data, tmp_path):
+    """The torchvision loader skips bad files one by one; when a whole class is gone it says
+    so, by name. With check-data's list the run refuses to start instead."""
+    data = _copy(tiny_data, tmp_path)
+    for path in (data / "train" / "class_002").iterdir():
+        path.write_bytes(b"not an image")
+    code, err = run(
+        "--data", data, *FAST, "--loader", "torchvision", "--workers", "0", "--epochs", "1",
+        "--eval-every", "0", "--output-dir", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    log = (tmp_path / "o" / "log-rank0.txt").read_text()
+    assert "every image of class class_002 (48 files) failed to decode" in log
+    from fasttrain.__main__ import main
+
+    listed = tmp_path / "bad.json"
+    assert (
+        main(["check-data", str(data), "--workers", "1", "--no-dali", "--output", str(listed)]) == 0
+    )
+    code, err = run("--data", data, *FAST, "--exclude-list", listed, "--output-dir", tmp_path / "p")
+    assert code == 2
+    assert (
+        f"every image in class folder {data}/train/class_002 is on the exclusion list"
+        in _one_line(err)
+    )

@@ -61,7 +61,13 @@ def _scan_split(split_dir: Path, classes: list[str], exclude: set[str]) -> list[
                 f"--data: class folder {class_dir} holds no images "
                 f"({', '.join(IMG_EXTENSIONS)}); add images or remove the folder"
             )
-        samples.extend((f, label) for f in files if os.path.abspath(f) not in exclude)
+        kept = [(f, label) for f in files if os.path.abspath(f) not in exclude]
+        if not kept:
+            raise UserError(
+                f"--data: every image in class folder {class_dir} is on the exclusion list "
+                "(check-data found none of them decodable); fix or remove the folder"
+            )
+        samples.extend(kept)
     return samples
 
 

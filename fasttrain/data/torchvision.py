@@ -13,7 +13,9 @@ import math
 import random
 import signal
 import warnings
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -195,6 +197,8 @@ class DeviceLoader:
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
         self.inv_std = 1 / (torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255)
         self.bad_files: set[str] = set()
+        self.labels: dict[str, int] | None = None  # path -> label, once a file has failed
+        self.class_sizes: Counter = Counter()
 
     def __len__(self) -> int:
         """Batches in a whole epoch (train) or in the val set, whatever the resume position."""
@@ -202,6 +206,23 @@ class DeviceLoader:
         if isinstance(s, TrainSampler):
             return s.full_batches()
         return math.ceil(len(s) / self.loader.batch_size)
+
+    def _whole_class(self, path: str) -> None:
+        """Name a class once every one of its images has failed: per-file warnings alone would
+        hide that the model never sees it."""
+        samples = self.loader.dataset.samples
+        if self.labels is None:  # built on the first bad file only: most datasets have none
+            self.labels = dict(samples)
+            self.class_sizes = Counter(label for _, label in samples)
+        label = self.labels[path]
+        bad = sum(1 for p in self.bad_files if self.labels[p] == label)
+        if bad == self.class_sizes[label]:
+            log.warning(
+                "every image of class %s (%d files) failed to decode: the model never sees that "
+                "class; run `python -m fasttrain check-data DIR` to list them",
+                Path(path).parent.name,
+                bad,
+            )
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         if isinstance(self.sampler, TrainSampler):
@@ -230,6 +251,7 @@ class DeviceLoader:
                         log.warning(
                             "skipped an undecodable image (%d so far): %s", len(self.bad_files), p
                         )
+                        self._whole_class(p)
             with span("fasttrain.copy_in"):
                 x = images.to(self.device, non_blocking=non_blocking)  # uint8 NHWC
                 if self.triton_normalize:  # one pass: read uint8, write dtype
