@@ -1,8 +1,5 @@
 """Errors a user can act on: one line, an exit code, no traceback (``__main__`` prints them).
-
-Exit codes: 2 bad input (a flag, config key, dataset or checkpoint to fix); 1 a runtime fault
-(out of memory, a failed checkpoint write, an undecodable file DALI stopped on, a collective that
-timed out); 3 a non-finite loss under ``--on-nan stop``; 128 + N a second stop signal N.
+The exit codes are listed once, in docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
