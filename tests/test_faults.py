@@ -404,3 +404,47 @@ def test_a_class_whose_every_image_fails_is_named(run, tiny_data, tmp_path):
         f"every image in class folder {data}/train/class_002 is on the exclusion list"
         in _one_line(err)
     )
+
+
+STUCK_AFTER_STOP = """
+import sys, time
+from pathlib import Path
+import fasttrain.faults
+from fasttrain.evaluate import Evaluator
+fasttrain.faults.STOP_BOUND_S = 3.0
+original = Evaluator._logits
+
+def stuck(self, *args, **kwargs):
+    Path({marker!r}).write_text("evaluating")
+    time.sleep(120)  # a stuck evaluation: the stop request cannot be answered
+    return original(self, *args, **kwargs)
+
+Evaluator._logits = stuck
+sys.argv = ["fasttrain", *{argv!r}]
+from fasttrain.__main__ import entry
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_request_the_run_cannot_answer_ends_by_the_watchdog(tiny_data, tmp_path):
+    """After SIGTERM the run has a bounded time to checkpoint and leave; a run stuck past it
+    (here an evaluation that never returns) prints every thread's stack and exits 1."""
+    import signal
+
+    out, marker = tmp_path / "run", tmp_path / "evaluating"
+    argv = [str(a) for a in ("--data", tiny_data, *FAST, "--epochs", "2", "--output-dir", out)]
+    code = textwrap.dedent(STUCK_AFTER_STOP).format(marker=str(marker), argv=argv)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=60) == 1
+    assert time.monotonic() - t0 < 30
+    err = proc.stderr.read()
+    assert "Timeout (0:00:03)!" in err and "in stuck" in err
