@@ -325,24 +325,48 @@ def test_dalis_reader_failing_on_a_zero_byte_file_is_one_line_naming_it(run, tin
     )
 
 
-SLOW_EVAL = """
+PAUSED_EVAL = """
 import sys, time
 from pathlib import Path
+import fasttrain.faults
 from fasttrain.evaluate import Evaluator
+fasttrain.faults.STOP_BOUND_S = {stop_bound}
 original = Evaluator._logits
 
-def slow(self, *args, **kwargs):
+def paused(self, *args, **kwargs):
     marker = Path({marker!r})
     if not marker.exists():
         marker.write_text("evaluating")
-        time.sleep(3)
+        time.sleep({pause})
     return original(self, *args, **kwargs)
 
-Evaluator._logits = slow
+Evaluator._logits = paused
 sys.argv = ["fasttrain", *{argv!r}]
 from fasttrain.__main__ import entry
 entry()
 """
+
+
+def start_paused_in_eval(tmp_path, argv, pause: float, stop_bound: float = 600.0, **popen):
+    """A run in a subprocess whose first evaluation pauses ``pause`` seconds; returned once it
+    is in that pause (``STOP_BOUND_S`` set to ``stop_bound``)."""
+    marker = tmp_path / "evaluating"
+    code = textwrap.dedent(PAUSED_EVAL).format(
+        marker=str(marker), argv=[str(a) for a in argv], pause=pause, stop_bound=stop_bound
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        **popen,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), proc.stderr.read()[-2000:]
+    return proc
 
 
 @pytest.mark.slow
@@ -353,22 +377,9 @@ def test_sigterm_to_the_process_group_during_evaluation_checkpoints_and_exits(ti
     import json
     import signal
 
-    out, marker = tmp_path / "run", tmp_path / "evaluating"
-    argv = [str(a) for a in ("--data", tiny_data, *FAST, "--workers", "2", "--epochs", "3",
-                             "--output-dir", out)]  # fmt: skip
-    code = textwrap.dedent(SLOW_EVAL).format(marker=str(marker), argv=argv)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    deadline = time.monotonic() + 120
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert marker.exists(), proc.stderr.read()[-2000:]
+    out = tmp_path / "run"
+    argv = ["--data", tiny_data, *FAST, "--workers", "2", "--epochs", "3", "--output-dir", out]
+    proc = start_paused_in_eval(tmp_path, argv, pause=3, start_new_session=True)
     os.killpg(proc.pid, signal.SIGTERM)
     t0 = time.monotonic()
     assert proc.wait(timeout=60) == 0, proc.stderr.read()[-2000:]
@@ -406,45 +417,17 @@ def test_a_class_whose_every_image_fails_is_named(run, tiny_data, tmp_path):
     )
 
 
-STUCK_AFTER_STOP = """
-import sys, time
-from pathlib import Path
-import fasttrain.faults
-from fasttrain.evaluate import Evaluator
-fasttrain.faults.STOP_BOUND_S = 3.0
-original = Evaluator._logits
-
-def stuck(self, *args, **kwargs):
-    Path({marker!r}).write_text("evaluating")
-    time.sleep(120)  # a stuck evaluation: the stop request cannot be answered
-    return original(self, *args, **kwargs)
-
-Evaluator._logits = stuck
-sys.argv = ["fasttrain", *{argv!r}]
-from fasttrain.__main__ import entry
-entry()
-"""
-
-
 @pytest.mark.slow
 def test_a_stop_request_the_run_cannot_answer_ends_by_the_watchdog(tiny_data, tmp_path):
     """After SIGTERM the run has a bounded time to checkpoint and leave; a run stuck past it
     (here an evaluation that never returns) prints every thread's stack and exits 1."""
     import signal
 
-    out, marker = tmp_path / "run", tmp_path / "evaluating"
-    argv = [str(a) for a in ("--data", tiny_data, *FAST, "--epochs", "2", "--output-dir", out)]
-    code = textwrap.dedent(STUCK_AFTER_STOP).format(marker=str(marker), argv=argv)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    argv = ["--data", tiny_data, *FAST, "--epochs", "2", "--output-dir", tmp_path / "run"]
+    proc = start_paused_in_eval(tmp_path, argv, pause=120, stop_bound=3.0)  # stuck for good
     proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
     assert proc.wait(timeout=60) == 1
     assert time.monotonic() - t0 < 30
     err = proc.stderr.read()
-    assert "Timeout (0:00:03)!" in err and "in stuck" in err
+    assert "Timeout (0:00:03)!" in err and "in paused" in err
