@@ -73,10 +73,14 @@ def check_data(argv: Sequence[str]) -> int:
         print(f"{path}\t{reason}")
     out = Path(args.output) if args.output else default_exclude_list(args.dir)
     write_exclude_list(out, args.dir, bad)
-    say(
-        f"{len(bad)} of {checked:,} images failed to decode ({time.perf_counter() - t:.0f} s); "
-        f"wrote {out}, which training on --data {args.dir} now leaves out"
-    )
+    took = f"{time.perf_counter() - t:.0f} s"
+    if bad:
+        say(
+            f"{len(bad)} of {checked:,} images failed to decode ({took}); wrote {out}, which "
+            f"training on --data {args.dir} now leaves out"
+        )
+    else:
+        say(f"all {checked:,} images decode ({took}); wrote {out}, an empty list")
     return 0
 
 

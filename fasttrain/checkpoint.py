@@ -290,13 +290,17 @@ def find_resume(run: RunConfig) -> tuple[str, dict[str, Any]] | None:
         return None
     if run.resume == "auto":
         found = latest_valid(run.output_dir)
-        if found is None:
-            log.info(
-                "--resume auto: no checkpoint in %s yet; starting from scratch", run.output_dir
-            )
-            return None
-        return str(found[0]), found[1]
+        return (str(found[0]), found[1]) if found is not None else None
     return run.resume, load_checkpoint(run.resume)
+
+
+def finished(state: dict[str, Any], cfg: Config) -> bool:
+    """Whether the checkpoint ``state`` is the end of the run ``cfg`` describes: its step is the
+    last of ``--epochs`` (in the checkpoint's own steps per epoch) or past ``--max-steps``."""
+    total = int(state["loader"]["steps_per_epoch"]) * cfg.train.epochs
+    if cfg.train.max_steps is not None:
+        total = min(total, cfg.train.max_steps)
+    return int(state["step"]) >= total
 
 
 def loader_state_for(state: dict[str, Any], rank: int, world_size: int) -> dict | None:
@@ -383,9 +387,13 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return state
 
 
+# config a resume may change without a word (sections or "section.key")
+RESUME_MAY_CHANGE = {"run", "data.workers", "train.max_steps"}
+
+
 def _warn_config_changes(old: dict, new: dict) -> None:
     """A resume with other training settings is allowed, but not silently."""
-    ignore = {"run", "data.workers", "train.max_steps"}
+    ignore = RESUME_MAY_CHANGE
     changed = [
         f"{s}.{k}: {v!r} -> {new[s][k]!r}"
         for s, body in old.items()

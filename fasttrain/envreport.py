@@ -66,6 +66,14 @@ def _topology() -> str:
     return "\n".join(rows)
 
 
+def _cudnn_version(code: int) -> str:
+    """cuDNN's version number as it is written: 92400 -> 9.24.0 (cuDNN 9 packs major x 10000 +
+    minor x 100 + patch; cuDNN 8, major x 1000 + minor x 100 + patch)."""
+    if code >= 90000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
 def env_report() -> str:
     lines = [
         f"python       {platform.python_version()} ({platform.platform()})",
@@ -74,7 +82,11 @@ def env_report() -> str:
         f"torchvision  {_version('torchvision', 'torchvision')}",
         f"CUDA         {torch.version.cuda or 'none (CPU build)'}",
     ]
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "n/a"
+    cudnn = (
+        _cudnn_version(torch.backends.cudnn.version())
+        if torch.backends.cudnn.is_available()
+        else "n/a"
+    )
     lines.append(f"cuDNN        {cudnn}")
     try:
         nccl = (

@@ -326,7 +326,7 @@ class Metrics:
             "perf/gpu_step_ms": gpu_ms,  # the GPU figures: none on the CPU
             "perf/gpu_step_ms_sd": gpu_sd,
             "perf/gpu_idle_frac": idle,
-            "perf/peak_mem_gib": record["peak_mem_gib"],
+            "perf/peak_mem_gib": record["peak_mem_gib"],  # the GPU's: none on the CPU
         }
         self._emit(record, {k: v for k, v in scalars.items() if v is not None}, iv["step"])
         line = (
@@ -381,8 +381,9 @@ class Metrics:
             self.jsonl.close()
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak memory allocated by tensors on ``device`` (the allocator's count: no device sync)."""
+def peak_memory_gib(device: torch.device) -> float | None:
+    """Peak memory allocated by tensors on ``device`` (the allocator's count: no device sync);
+    None on the CPU, which has no such count."""
     if device.type != "cuda":
-        return 0.0
+        return None
     return torch.cuda.max_memory_allocated(device) / 2**30

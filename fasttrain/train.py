@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,9 +90,10 @@ class Trainer:
                 self.summary["stopped_by"] = self.stop.name
                 log.warning(
                     "stopped by %s at step %d; checkpoint saved in %s: the same command with "
-                    "--resume auto continues from it",
+                    "--output-dir %s --resume auto continues from it",
                     self.stop.name,
                     self.step,
+                    self.run_dir,
                     self.run_dir,
                 )
         except torch.cuda.OutOfMemoryError:
@@ -277,18 +279,19 @@ class Trainer:
         )
         if dist.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-            val = self.last_eval
-            log.info(
-                "done: %d steps in %.0f s | steady %s img/s | first step after %.1f s | peak "
-                "memory %.2f GiB%s | %s",
-                self.step,
-                self.summary["wall_s"],
-                f"{rate:,.0f}" if rate else "n/a (too few log intervals)",
-                self.summary.get("time_to_first_step_s", float("nan")),
-                self.summary["peak_mem_gib"],
-                f" | val top1 {val['top1']:.2f}%" if val else "",
-                self.run_dir,
-            )
+            parts = [
+                f"steps {self.start_step}-{self.step} in {self.summary['wall_s']:.0f} s"
+                if self.start_step
+                else f"{self.step} steps in {self.summary['wall_s']:.0f} s",
+                f"steady {rate:,.0f} img/s" if rate else "steady img/s: too few log intervals",
+            ]
+            if "time_to_first_step_s" in self.summary:
+                parts.append(f"first step after {self.summary['time_to_first_step_s']:.1f} s")
+            if self.summary["peak_mem_gib"] is not None:
+                parts.append(f"peak memory {self.summary['peak_mem_gib']:.2f} GiB")
+            if self.last_eval:
+                parts.append(f"val top1 {self.last_eval['top1']:.2f}%")
+            log.info("done: %s | %s", " | ".join(parts), self.run_dir)
         return self.summary
 
 
@@ -296,12 +299,25 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     """Set up the run ``cfg`` describes and train it; returns the run summary."""
     t_start = time.perf_counter() if t_start is None else t_start
     t = cfg.train
+    # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
+    # restores when it is built)
+    resumed = ckpt.find_resume(cfg.run)
+    if resumed is not None and ckpt.finished(resumed[1], cfg):
+        step = int(resumed[1]["step"])
+        if dist.is_main:
+            print(
+                f"fasttrain: --resume: {resumed[0]} is the end of this run (step {step}); "
+                "nothing to train, nothing changed. Raise --epochs or --max-steps to go on",
+                file=sys.stderr,
+            )
+        return {"steps": step, "complete": True}
     run_dir = prepare_run_dir(cfg, dist)
+    if cfg.run.resume == "auto" and resumed is None:
+        log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device, t.strategy)
     seed_everything(t.seed)
-    resumed = ckpt.find_resume(cfg.run)  # before the data: a DALI pipeline restores when built
     if t.batch_size is None:
         from fasttrain.autobatch import auto_batch_size
 
@@ -339,6 +355,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
 def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
     t, training = cfg.train, built.training
     total = min(t.max_steps or math.inf, training.schedule.total_steps)
+    unit = "GPU" if t.device == "cuda" else "process"  # the CPU has processes, not GPUs
     log.info(
         "%s, %d classes, %.1fM params | %s",
         cfg.model.arch,
@@ -347,8 +364,8 @@ def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
         built.data.description,
     )
     log.info(
-        "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per GPU x %d GPU(s) "
-        "x %d accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
+        "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per %s x %d %s x %d "
+        "accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
         training.step.description,
@@ -356,7 +373,9 @@ def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
         ddp_description(t, dist) if t.strategy == "ddp" else t.strategy,
         built.global_batch,
         t.batch_size,
+        unit,
         built.gpus,
+        unit + ("es" if unit == "process" else "s") if built.gpus > 1 else unit,
         t.accum_steps,
         training.schedule.peak_lr,
         built.steps_per_epoch,

@@ -191,9 +191,8 @@ def test_two_process_run_checkpoints_once_and_resumes_on_one(tiny_data, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     log0 = (out / "log-rank0.txt").read_text()
     assert (out / "log-rank1.txt").is_file()
-    assert (
-        "strategy ddp (100 MB buckets) | global batch 16 (8 per GPU x 2 GPU(s) x 1 accum)" in log0
-    )
+    batch = "global batch 16 (8 per process x 2 processes x 1 accum)"
+    assert f"strategy ddp (100 MB buckets) | {batch}" in log0
     state = last_checkpoint(out)
     assert state["step"] == 9 and state["world_size"] == 2 and state["global_batch"] == 16
     assert [p.name for p in out.glob("ckpt-*.pt")] == ["ckpt-00000009.pt"]  # written once

@@ -229,7 +229,7 @@ def test_resuming_another_architecture_is_one_line(run, tiny_data, tmp_path):
     assert code == 0, err
     ckpt_path = out / "ckpt-00000002.pt"
     code, err = run(*flags, "--arch", "resnet34", "--output-dir", tmp_path / "r34",
-                    "--resume", ckpt_path)  # fmt: skip
+                    "--max-steps", "4", "--resume", ckpt_path)  # fmt: skip
     assert code == 2
     line = _one_line(err)
     assert line.startswith(
@@ -431,3 +431,55 @@ def test_a_stop_request_the_run_cannot_answer_ends_by_the_watchdog(tiny_data, tm
     assert time.monotonic() - t0 < 30
     err = proc.stderr.read()
     assert "Timeout (0:00:03)!" in err and "in paused" in err
+
+
+def test_resuming_a_finished_run_changes_nothing(run, tiny_data, tmp_path):
+    out = tmp_path / "done"
+    flags = ["--data", tiny_data, *FAST, "--max-steps", "4", "--eval-every", "0",
+             "--output-dir", out]  # fmt: skip
+    code, err = run(*flags)
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, err = run(*flags, "--resume", "auto")
+    assert code == 0, err
+    assert "is the end of this run (step 4); nothing to train, nothing changed" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_resume_auto_without_an_output_dir_continues_the_newest_run_of_the_config(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    """An unnamed run goes to runs/<time>; the stop hint names it, and --resume auto alone
+    finds it again (a run of another config beside it is left alone)."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["--data", tiny_data, *FAST, "--eval-every", "0", "--epochs", "1"]
+    code, err = run(*flags, "--max-steps", "2")
+    assert code == 0, err
+    (first,) = (tmp_path / "runs").iterdir()
+    code, err = run(*flags, "--max-steps", "2", "--lr", "0.2", "--output-dir", "runs/other")
+    assert code == 0, err
+    code, err = run(*flags, "--max-steps", "4", "--resume", "auto")
+    assert code == 0, err
+    assert f"--resume auto: continuing runs/{first.name}, the newest run of this config" in err
+    assert "resumed from" in (first / "log-rank0.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted([first.name, "other"])
+
+
+def test_the_cpu_log_speaks_of_processes_and_leaves_gpu_memory_out(run, tiny_data, tmp_path):
+    out = tmp_path / "cpu"
+    code, err = run("--data", tiny_data, *FAST, "--max-steps", "2", "--eval-every", "0",
+                    "--output-dir", out)  # fmt: skip
+    assert code == 0, err
+    log = (out / "log-rank0.txt").read_text()
+    assert "global batch 16 (16 per process x 1 process x 1 accum)" in log
+    assert "GPU" not in log and "peak memory" not in log
+    import json
+
+    assert json.loads((out / "summary.json").read_text())["peak_mem_gib"] is None
+
+
+def test_env_writes_cudnns_version_as_it_is_written():
+    from fasttrain.envreport import _cudnn_version
+
+    assert _cudnn_version(92400) == "9.24.0" and _cudnn_version(91900) == "9.19.0"
+    assert _cudnn_version(8907) == "8.9.7"

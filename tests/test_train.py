@@ -68,7 +68,6 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
         "perf/img_per_s",
         "perf/img_per_s_per_gpu",
         "perf/data_wait_frac",
-        "perf/peak_mem_gib",
         "val/top1",
         "val/top5",
     } <= tags
