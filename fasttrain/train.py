@@ -267,6 +267,7 @@ class Trainer:
         self.summary.update(
             {
                 "steps": self.step,
+                "start_step": self.start_step,  # a resumed run's figures cover its own steps
                 "img_per_s": rate,
                 "img_per_s_per_gpu": (rate or 0.0) / self.built.gpus,
                 "gpus": self.built.gpus,

@@ -461,7 +461,12 @@ def test_resume_auto_without_an_output_dir_continues_the_newest_run_of_the_confi
     code, err = run(*flags, "--max-steps", "4", "--resume", "auto")
     assert code == 0, err
     assert f"--resume auto: continuing runs/{first.name}, the newest run of this config" in err
-    assert "resumed from" in (first / "log-rank0.txt").read_text()
+    log = (first / "log-rank0.txt").read_text()
+    assert "resumed from" in log and "done: steps 2-4 in" in log
+    import json
+
+    summary = json.loads((first / "summary.json").read_text())
+    assert (summary["start_step"], summary["steps"]) == (2, 4)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted([first.name, "other"])
 
 
