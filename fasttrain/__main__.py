@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fasttrain.cli import Parser
+from fasttrain.watchdog import bound_exit
 
 
 def say(msg: str) -> None:
@@ -160,6 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     run_log: Path | None = None  # known once the config is resolved
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] not in (["env"], ["check-data"], ["profile-summary"]) and (
+        "-h" in argv or "--help" in argv
+    ):
+        from fasttrain.cli import build_parser
+
+        build_parser().print_help()  # before torch is imported: --help answers at once
+        return 0
     from fasttrain.distributed import claim_hardware_queues
 
     claim_hardware_queues()  # before CUDA starts; torchrun's workers inherit it
@@ -224,10 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The program: ``main``, then an exit bounded in time (``faults.bound_exit``)."""
+    """The program: ``main``, then an exit bounded in time (``watchdog.bound_exit``)."""
     code = main()
-    from fasttrain.faults import bound_exit
-
     bound_exit()
     sys.exit(code)
 

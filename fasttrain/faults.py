@@ -12,20 +12,18 @@ loss, running out of GPU memory.
   ``--on-nan stop`` writes ``nonfinite.json`` and exits 3 without checkpointing the bad weights,
   ``--on-nan skip`` restores the newest checkpoint in place and trains on.
 - **Out of memory:** the weights are those of the last completed step, so one process saves them.
-- **A bounded exit:** once ``main`` returns, the process has ``EXIT_BOUND_S`` to end, and after a
-  stop request ``STOP_BOUND_S``; past it, a watchdog prints every thread's stack and exits 1, so
-  a hung shutdown never holds a cluster allocation. The trainer shuts its loaders' workers down
-  itself (``Loader.close``).
+- **A bounded exit:** after a stop request the process has ``watchdog.STOP_BOUND_S`` to end, and
+  once ``main`` returns ``EXIT_BOUND_S``; past it, the watchdog prints every thread's stack and
+  exits 1, so a hung shutdown never holds a cluster allocation. The trainer shuts its loaders'
+  workers down itself (``Loader.close``).
 """
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 import torch
 
 from fasttrain import checkpoint as ckpt
+from fasttrain import watchdog
 from fasttrain.builder import Training
 from fasttrain.distributed import DistState
 from fasttrain.errors import NonFiniteLoss
@@ -43,16 +42,6 @@ from fasttrain.metrics import Logged, Metrics
 log = logging.getLogger("fasttrain")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REPEAT_WINDOW_S = 1.0
-EXIT_BOUND_S = 60.0
-# after a stop request: time to finish the step (or the evaluation in progress), write the
-# checkpoint and leave; a run still alive then is stuck, and the watchdog ends it
-STOP_BOUND_S = 600.0
-
-
-def bound_exit(seconds: float = EXIT_BOUND_S) -> None:
-    """Arm the exit watchdog: if the process is still alive after ``seconds`` (a child that will
-    not end, a thread that will not join), print every thread's stack and exit 1."""
-    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
 
 
 class StopRequest:
@@ -80,7 +69,7 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous = {}
         if self.requested:  # answered: the exit is bounded by the caller's watchdog, if any
-            faulthandler.cancel_dump_traceback_later()
+            watchdog.disarm()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
@@ -89,12 +78,12 @@ class StopRequest:
             os._exit(128 + signum)  # a second request: no checkpoint, now
         self.signum = signum
         self.first_at = time.monotonic()
-        bound_exit(STOP_BOUND_S)  # a stop request is answered in bounded time, or not at all
+        watchdog.bound_exit(watchdog.STOP_BOUND_S)  # answered in bounded time, or not at all
         log.warning(
             "%s: finishing the current step, then writing a checkpoint and exiting (send it "
             "again to exit at once; past %.0f s a watchdog ends the process)",
             signal.Signals(signum).name,
-            STOP_BOUND_S,
+            watchdog.STOP_BOUND_S,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import sys
@@ -29,9 +30,11 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def prepare_run_dir(cfg: Config, dist: DistState) -> Path:
-    """Create and probe the output directory, start logging, and save the resolved config."""
+def prepare_run_dir(cfg: Config, dist: DistState) -> tuple[Path, bool]:
+    """Create and probe the output directory, start logging, and save the resolved config.
+    Returns the directory and whether this call created it (``discard_run_dir`` then may)."""
     out = Path(cfg.run.output_dir)
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{dist.rank}"
@@ -44,7 +47,21 @@ def prepare_run_dir(cfg: Config, dist: DistState) -> Path:
     setup_logging(out, dist)
     if dist.is_main:
         save_resolved(cfg, out / "config.yaml")
-    return out
+    return out, created
+
+
+def discard_run_dir(out: Path, dist: DistState) -> None:
+    """Remove a run directory ``prepare_run_dir`` created for a run that could not start: its
+    config and log say nothing the one-line error has not, and a folder per failed start would
+    pile up."""
+    for h in list(log.handlers):
+        h.close()
+        log.removeHandler(h)
+    (out / f"log-rank{dist.rank}.txt").unlink(missing_ok=True)
+    if dist.is_main:
+        (out / "config.yaml").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # only if nothing else is in it (another rank's log)
+        out.rmdir()
 
 
 def setup_logging(out: Path, dist: DistState) -> None:

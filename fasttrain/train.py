@@ -24,13 +24,18 @@ from fasttrain.builder import Built, build
 from fasttrain.cli import save_resolved
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
-from fasttrain.errors import OutOfMemory
+from fasttrain.errors import OutOfMemory, UserError
 from fasttrain.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.parallel import average_bn_statistics, ddp_description
 from fasttrain.profiling import RunProfiler, StepTimer, configure, report_profile, span
 from fasttrain.resolve import inductor_options
-from fasttrain.runtime import configure_backends, prepare_run_dir, seed_everything
+from fasttrain.runtime import (
+    configure_backends,
+    discard_run_dir,
+    prepare_run_dir,
+    seed_everything,
+)
 
 log = logging.getLogger("fasttrain")
 
@@ -299,7 +304,6 @@ class Trainer:
 def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
     """Set up the run ``cfg`` describes and train it; returns the run summary."""
     t_start = time.perf_counter() if t_start is None else t_start
-    t = cfg.train
     # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
     # restores when it is built)
     resumed = ckpt.find_resume(cfg.run)
@@ -312,7 +316,23 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 file=sys.stderr,
             )
         return {"steps": step, "complete": True}
-    run_dir = prepare_run_dir(cfg, dist)
+    run_dir, created = prepare_run_dir(cfg, dist)
+    try:  # until training starts, a bad input leaves no run folder behind
+        built, step = _set_up(cfg, dist, run_dir, resumed)
+    except UserError:
+        if created:
+            discard_run_dir(run_dir, dist)
+        raise
+    return Trainer(cfg, dist, built, step, t_start).fit()
+
+
+def _set_up(
+    cfg: Config, dist: DistState, run_dir: Path, resumed: tuple[str, dict[str, Any]] | None
+) -> tuple[Built, int]:
+    """Everything between the run directory and the first step: backends and seeds, the batch
+    size, the parts (``builder.build``), the resume, the folder's lineage. Returns the parts and
+    the step to start from."""
+    t = cfg.train
     if cfg.run.resume == "auto" and resumed is None:
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
@@ -350,7 +370,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")
     _log_setup(cfg, dist, built, step)
-    return Trainer(cfg, dist, built, step, t_start).fit()
+    return built, step
 
 
 def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:

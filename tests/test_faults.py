@@ -328,9 +328,9 @@ def test_dalis_reader_failing_on_a_zero_byte_file_is_one_line_naming_it(run, tin
 PAUSED_EVAL = """
 import sys, time
 from pathlib import Path
-import fasttrain.faults
+import fasttrain.watchdog
 from fasttrain.evaluate import Evaluator
-fasttrain.faults.STOP_BOUND_S = {stop_bound}
+fasttrain.watchdog.STOP_BOUND_S = {stop_bound}
 original = Evaluator._logits
 
 def paused(self, *args, **kwargs):
@@ -488,3 +488,35 @@ def test_env_writes_cudnns_version_as_it_is_written():
 
     assert _cudnn_version(92400) == "9.24.0" and _cudnn_version(91900) == "9.19.0"
     assert _cudnn_version(8907) == "8.9.7"
+
+
+def test_a_start_that_fails_leaves_no_run_folder(run, tiny_data, tmp_path, monkeypatch):
+    """A run folder is created for the run, and removed again if the run cannot start; a folder
+    the user named and that existed before stays."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    data = _copy(tiny_data, tmp_path)
+    shutil.rmtree(data / "val")
+    code, err = run("--data", data, *FAST)
+    assert code == 2 and "no val/ folder" in _one_line(err)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    code, err = run("--data", data, *FAST, "--output-dir", mine)
+    assert code == 2 and mine.is_dir()
+
+
+def test_help_answers_without_importing_torch():
+    code = (
+        "import io, sys, time, contextlib\n"
+        "t = time.perf_counter()\n"
+        "from fasttrain.__main__ import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['--help']) == 0\n"
+        "print('torch' in sys.modules, '--cuda-graphs' in out.getvalue(), time.perf_counter() - t)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    torch_loaded, complete, seconds = done.stdout.split()
+    assert (torch_loaded, complete) == ("False", "True"), done.stderr
+    assert float(seconds) < 2.0  # torch's import alone takes seconds on a small machine
