@@ -157,13 +157,14 @@ def _first_exit(e) -> int:
     return 1
 
 
+SUBCOMMANDS = ("env", "check-data", "profile-summary")  # the rest of a command line trains
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     run_log: Path | None = None  # known once the config is resolved
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] not in (["env"], ["check-data"], ["profile-summary"]) and (
-        "-h" in argv or "--help" in argv
-    ):
+    if not (argv[:1] and argv[0] in SUBCOMMANDS) and ("-h" in argv or "--help" in argv):
         from fasttrain.cli import build_parser
 
         build_parser().print_help()  # before torch is imported: --help answers at once

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config, RunConfig
-from fasttrain.errors import CheckpointWriteError, UserError
+from fasttrain.errors import CheckpointWriteError, UserError, first_line
 
 if TYPE_CHECKING:
     from fasttrain.builder import Training
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fasttrain")
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 WRITER_FAILED = re.compile(r"PytorchStreamWriter failed|file write failed|unexpected pos")
-
-
-def _first_line(e: BaseException) -> str:
-    return next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -169,28 +165,34 @@ def latest_valid(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def first_nonfinite(training: Training) -> str | None:
-    """The first of the model's parameters and buffers, then the optimizer's state, holding NaN
-    or infinity; None when all are finite. Checked on the device, read with one host copy."""
-    named = list(training.model.state_dict().items())
-    params = {id(p): n for n, p in training.model.named_parameters()}
-    for p, state in training.optimizer.state.items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                named.append((f"optimizer {key} of {params.get(id(p), 'a parameter')}", value))
-    floats = [(n, t) for n, t in named if t.is_floating_point() and t.numel()]
+def _first_nonfinite(named: list[tuple[str, Any]]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or infinity; None when all are
+    finite. Checked where the tensors are (on the device), read with one host copy."""
+    floats = [(n, t) for n, t in named if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    floats = [(n, t) for n, t in floats if t.numel()]
     if not floats:
         return None
     finite = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()
     return next((n for (n, _), ok in zip(floats, finite, strict=True) if not ok), None)
 
 
+def first_nonfinite(training: Training) -> str | None:
+    """The first of the model's parameters and buffers, then the optimizer's state, holding NaN
+    or infinity; None when all are finite."""
+    named = list(training.model.state_dict().items())
+    params = {id(p): n for n, p in training.model.named_parameters()}
+    for p, state in training.optimizer.state.items():
+        name = params.get(id(p), "a parameter")
+        named += [(f"optimizer {key} of {name}", value) for key, value in state.items()]
+    return _first_nonfinite(named)
+
+
 def _finite(state: dict[str, Any]) -> bool:
     """Whether a loaded checkpoint's model and optimizer tensors are all finite."""
-    tensors = list(state["model"].values())
-    for entry in state["optimizer"].get("state", {}).values():
-        tensors += [v for v in entry.values() if isinstance(v, torch.Tensor)]
-    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+    named = list(state["model"].items())
+    for i, entry in state["optimizer"].get("state", {}).items():
+        named += [(f"optimizer {key} of {i}", value) for key, value in entry.items()]
+    return _first_nonfinite(named) is None
 
 
 def latest_finite(directory: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -276,7 +278,11 @@ def write(state: dict[str, Any], run_dir: Path, keep: int) -> Path:
         if isinstance(e, RuntimeError) and not WRITER_FAILED.search(str(e)):
             raise
         previous = list_checkpoints(run_dir)
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+        reason = (
+            e.strerror
+            if isinstance(e, OSError) and e.strerror
+            else first_line(str(e), type(e).__name__)
+        )
         raise CheckpointWriteError(
             f"could not write the checkpoint of step {step} in {run_dir} ({reason}); "
             + (f"{previous[0].name} is intact" if previous else "no earlier checkpoint exists")
@@ -330,7 +336,7 @@ def resume(
         arch = state["config"].get("model", {}).get("arch")
         head = state["model"].get("fc.bias")
         classes = head.numel() if head is not None else "?"
-        first = next((x.strip() for x in str(e).splitlines()[1:] if x.strip()), "")
+        first = first_line(str(e).partition("\n")[2])  # the line after torch's heading
         raise UserError(
             f"--resume {path}: its model ({arch}, {classes} classes) does not fit this run's "
             f"({cfg.model.arch}, "

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from fasttrain.errors import RuntimeFault, UserError
+from fasttrain.errors import RuntimeFault, UserError, first_line
 
 HW_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 HW_QUEUES = "32"  # the most the driver allows
@@ -122,11 +122,10 @@ class DistState:
                 k in text for k in ("Timed out", "timed out", "Timeout", "timeout", "Watchdog")
             ):
                 raise
-            first = next((line for line in text.splitlines() if line.strip()), text)
+            reason = first_line(text, text.strip())[:200]
             raise CollectiveTimeout(
                 f"rank {self.rank}: {what} waited longer than --dist-timeout for the other "
-                f"ranks ({first.strip()[:200]}); one of them is hung or has died: see its "
-                "log-rank<N>.txt"
+                f"ranks ({reason}); one of them is hung or has died: see its log-rank<N>.txt"
             ) from None
 
     def all_reduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "an all_reduce"):

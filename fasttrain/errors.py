@@ -5,6 +5,11 @@ The exit codes are listed once, in docs/RELIABILITY.md.
 from __future__ import annotations
 
 
+def first_line(text: str, default: str = "") -> str:
+    """The first non-blank line of an error's text, stripped: what a one-line message quotes."""
+    return next((x.strip() for x in text.splitlines() if x.strip()), default)
+
+
 class UserError(Exception):
     """Bad input: the message names the file or flag and what to do."""
 

@@ -134,7 +134,7 @@ class NonFiniteWatch:
         if bad is None:
             return True
         what = f"{bad} holds NaN or infinite values at step {step}, before its checkpoint"
-        self._act(what, {"step": step}, step, training)
+        self._act(what, {"step": step, "first_nonfinite_tensor": bad}, step, training)
         return False
 
     def _act(self, what: str, diagnostic: dict[str, Any], now: int, training: Training) -> None:
@@ -143,11 +143,9 @@ class NonFiniteWatch:
         reading the same tensors) and go on from the current step."""
         found = ckpt.latest_finite(self.run_dir) if self.policy == "skip" else None
         if found is None:
-            diagnostic = {
-                **diagnostic,
-                "first_nonfinite_tensor": ckpt.first_nonfinite(training),
-                "on_nan": self.policy,
-            }
+            if "first_nonfinite_tensor" not in diagnostic:  # after a non-finite loss
+                diagnostic["first_nonfinite_tensor"] = ckpt.first_nonfinite(training)
+            diagnostic["on_nan"] = self.policy
             if self.dist.is_main:
                 text = json.dumps(diagnostic, indent=2) + "\n"
                 (self.run_dir / "nonfinite.json").write_text(text)

@@ -10,6 +10,8 @@ from typing import TypeVar
 
 import torch
 
+from fasttrain.errors import first_line
+
 T = TypeVar("T")
 
 
@@ -44,7 +46,7 @@ def blame(e: BaseException) -> str:
     while root.__context__ is not None and root.__context__ is not root:
         root = root.__context__
     frames = traceback.extract_tb(root.__traceback__)
-    message = (str(root).strip().splitlines() or [""])[0]
+    message = first_line(str(root))
     if not frames:
         return f"{type(root).__name__}: {message}"
     f = frames[-1]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.builder import Built, build
+from fasttrain.builder import Built, Training, build
 from fasttrain.cli import save_resolved
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
@@ -50,9 +50,7 @@ class Trainer:
         self.run_dir = Path(cfg.run.output_dir)
         self.step = self.start_step = start_step
         self.steps_per_epoch = built.steps_per_epoch
-        self.total_steps = int(
-            min(cfg.train.max_steps or math.inf, self.training.schedule.total_steps)
-        )
+        self.total_steps = total_steps(cfg, self.training)
         self.t_start = t_start
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
         self.metrics = Metrics(
@@ -373,9 +371,14 @@ def _set_up(
     return built, step
 
 
+def total_steps(cfg: Config, training: Training) -> int:
+    """Where the run ends: the schedule's last step (``--epochs``), or ``--max-steps`` first."""
+    return int(min(cfg.train.max_steps or math.inf, training.schedule.total_steps))
+
+
 def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
     t, training = cfg.train, built.training
-    total = min(t.max_steps or math.inf, training.schedule.total_steps)
+    total = total_steps(cfg, training)
     unit = "GPU" if t.device == "cuda" else "process"  # the CPU has processes, not GPUs
     log.info(
         "%s, %d classes, %.1fM params | %s",
