@@ -29,19 +29,27 @@ def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, 
 
 
 def make_step(
-    kind: str, batch: int, *, arch: str = "resnet50", image_size: int = 224, kernels: str = "none"
+    kind: str,
+    batch: int,
+    *,
+    arch: str = "resnet50",
+    image_size: int = 224,
+    kernels: str = "none",
+    amp: str = "bf16",
+    fused_bn: bool = False,
 ) -> tuple[Callable[[], None], Any, DeviceMeter]:
     """One step variant ('eager', 'compiled', 'eager+graph', 'compiled+graph') as the trainer
-    builds it (``builder.build_training``: the sample recipe's optimizer and loss, bf16,
-    channels_last, compile mode default) on synthetic data, with the ``--triton-kernels`` named:
-    a no-argument call that trains one step, the step, and its meter."""
+    builds it (``builder.build_training``: the sample recipe's optimizer and loss, channels_last,
+    compile mode default) on synthetic data, in ``amp`` (bf16 or fp16), with the
+    ``--triton-kernels`` named and optionally ``--fused-bn``: a no-argument call that trains one
+    step, the step, and its meter."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     cfg = Config()
-    cfg.model.arch, cfg.data.image_size = arch, image_size
+    cfg.model.arch, cfg.data.image_size, cfg.model.fused_bn = arch, image_size, fused_bn
     cfg.optim = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     t = cfg.train
-    t.amp, t.device, t.strategy, t.triton_kernels = "bf16", "cuda", "none", kernels
+    t.amp, t.device, t.strategy, t.triton_kernels = amp, "cuda", "none", kernels
     t.compile, t.compile_mode, t.cuda_graphs = "compiled" in kind, "default", "graph" in kind
     data = SyntheticLoader(
         batch_size=batch,
@@ -49,7 +57,7 @@ def make_step(
         num_classes=1000,
         steps=1,
         device=dev,
-        dtype=torch.bfloat16,
+        dtype=torch.float16 if amp == "fp16" else torch.bfloat16,
         channels_last=True,
         seed=0,
     )

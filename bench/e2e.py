@@ -10,18 +10,22 @@ the machine does not fall on one variant.
 
 ``--tree LABEL=PATH`` adds another version of fasttrain, run the same way beside this one: PATH
 is a directory that ``import fasttrain`` finds it in, first on PYTHONPATH (e.g. another commit
-installed with ``pip install --no-deps --target PATH CHECKOUT``).
+installed with ``pip install --no-deps --target PATH CHECKOUT``). ``--variant LABEL=FLAGS`` adds
+runs with FLAGS appended to the trainer's flags, beside the runs without them (e.g.
+``--variant fused="--fused-bn"``).
 
 Examples:
     python bench/e2e.py                                # DALI against synthetic data, one GPU
     python bench/e2e.py --gpus 1,8 --repeat 3          # and scaling to 8 GPUs
     python bench/e2e.py --data /data/imagenet -- --max-steps 3000
     python bench/e2e.py --tree before=/tmp/before   # this version against another
+    python bench/e2e.py --loaders dali --variant fused="--fused-bn"   # a flag's worth
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -116,6 +120,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs of each variant, interleaved")
     p.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                    help="another installed fasttrain to run beside this one")  # fmt: skip
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=FLAGS",
+                   help="also run with FLAGS (space-separated) added to the trainer's "
+                   "flags")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("e2e-runs"), help="output directory")
     args, extra = p.parse_known_args()
     flags = [f for f in extra if f != "--"] or DEFAULT_FLAGS
@@ -131,27 +138,27 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     found = [f"{label}: {where(tree, args.out)}" for label, tree in trees]
     print("fasttrain imported from " + "; ".join(found), file=sys.stderr)
+    variants: list[tuple[str, list[str]]] = [("", [])]
+    variants += [(v.split("=", 1)[0], v.split("=", 1)[1].split()) for v in args.variant]
     summaries = []
-    for r in range(args.repeat):
-        for label, tree in trees:
-            for loader in args.loaders.split(","):
-                for gpus in map(int, args.gpus.split(",")):
-                    source = ["--data", str(data)]
-                    if loader == "synthetic":  # the same steps per epoch as the JPEG set
-                        batch = int(flags[flags.index("--batch-size") + 1]) if (
-                            "--batch-size" in flags) else 256  # fmt: skip
-                        steps = images // gpus // batch
-                        source = ["--synthetic-steps", str(steps), "--num-classes", "10"]
-                    argv = [*flags, "--loader", loader, *source]
-                    name = f"{label}-{loader}-{gpus}gpu-{r}"
-                    s = run(label, tree, argv, gpus, args.out / name)
-                    s["loader"] = loader
-                    summaries.append(s)
-                    rate = s.get("img_per_s_per_gpu")
-                    print(f"{name}: {f'{rate:,.0f} img/s per GPU' if rate else 'failed'}",
-                          file=sys.stderr)  # fmt: skip
-                    with open(args.out / "summaries.jsonl", "a") as f:
-                        f.write(json.dumps(s) + "\n")
+    runs = itertools.product(
+        range(args.repeat), trees, variants, args.loaders.split(","), map(int, args.gpus.split(","))
+    )  # interleaved: every variant once per repeat, so a drift of the machine is shared
+    for r, (tree_label, tree), (variant, added), loader, gpus in runs:
+        label = f"{tree_label} {variant}".strip()
+        source = ["--data", str(data)]
+        if loader == "synthetic":  # the same steps per epoch as the JPEG set
+            batch = int(flags[flags.index("--batch-size") + 1]) if "--batch-size" in flags else 256
+            source = ["--synthetic-steps", str(images // gpus // batch), "--num-classes", "10"]
+        argv = [*flags, *added, "--loader", loader, *source]
+        name = f"{label.replace(' ', '-')}-{loader}-{gpus}gpu-{r}"
+        s = run(label, tree, argv, gpus, args.out / name)
+        s["loader"] = loader
+        summaries.append(s)
+        rate = s.get("img_per_s_per_gpu")
+        print(f"{name}: {f'{rate:,.0f} img/s per GPU' if rate else 'failed'}", file=sys.stderr)
+        with open(args.out / "summaries.jsonl", "a") as f:
+            f.write(json.dumps(s) + "\n")
     text = table(summaries) + "\n\nfasttrain imported from " + "; ".join(found)
     (args.out / "e2e.md").write_text(text + "\n")
     print(text)

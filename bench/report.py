@@ -15,14 +15,16 @@ from pathlib import Path
 FIGURES = ("img_per_s", "GB_per_s", "us_per_call")
 
 
-def rows(data: dict) -> list[tuple[str, str, str, float]]:
+def rows(data: dict) -> list[tuple[str, str, str, float, float | None]]:
+    """(group, name, figure, value, peak GiB or None) per benchmark that records a figure."""
     out = []
     for b in data["benchmarks"]:
         info = b.get("extra_info", {})
         figure = next((f for f in FIGURES if f in info), None)
         if figure is None:
             continue
-        out.append((b.get("group") or "", b["name"], figure, float(info[figure])))
+        peak = info.get("peak_gib")
+        out.append((b.get("group") or "", b["name"], figure, float(info[figure]), peak))
     return out
 
 
@@ -36,9 +38,10 @@ def main() -> None:
     machine = data.get("machine_info", {})
     commit = data.get("commit_info", {}).get("id", "")[:7]
     print(f"{machine.get('node', '')} | {data.get('datetime', '')} | commit {commit}\n")
-    print("| group | benchmark | figure | value |\n|---|---|---|---:|")
-    for group, name, figure, value in table:
-        print(f"| {group} | {name} | {figure} | {value:,.1f} |")
+    print("| group | benchmark | figure | value | peak memory GiB |\n|---|---|---|---:|---:|")
+    for group, name, figure, value, peak in table:
+        peak_text = f"{peak:.1f}" if peak is not None else ""
+        print(f"| {group} | {name} | {figure} | {value:,.1f} | {peak_text} |")
     if args.png:
         import matplotlib
 
@@ -46,7 +49,7 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         by_group = defaultdict(list)
-        for group, name, figure, value in table:
+        for group, name, figure, value, _ in table:
             by_group[(group, figure)].append((name.split("[")[-1].rstrip("]"), value))
         fig, axes = plt.subplots(len(by_group), 1, figsize=(8, 2.2 * len(by_group)), squeeze=False)
         for ax, ((group, figure), items) in zip(axes[:, 0], by_group.items(), strict=True):

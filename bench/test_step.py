@@ -1,6 +1,8 @@
-"""The training step alone (ResNet-50, synthetic bf16 channels_last data, batch 256): eager,
-compiled, and each with the whole-step CUDA graph. A round is 25 steps ending in a device sync,
-after 30 warm-up steps (compile and capture happen there). img/s in ``extra_info``."""
+"""The training step alone (ResNet-50, synthetic channels_last data): eager, compiled, and each
+with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
+precisions and BatchNorm paths (bf16, fp16, fp16 with ``--fused-bn``) at batch 256 and 512. A
+round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
+there). img/s and peak memory in ``extra_info``."""
 
 from __future__ import annotations
 
@@ -25,4 +27,25 @@ def test_step(benchmark, kind):
         one()
     benchmark.pedantic(block, rounds=6, iterations=1, warmup_rounds=1)
     benchmark.extra_info["img_per_s"] = BATCH * BLOCK / benchmark.stats.stats.median
+    benchmark.extra_info["capture_failed"] = step.capture_failed
+
+
+@pytest.mark.benchmark(group="step paths")
+@pytest.mark.parametrize("batch", [256, 512])
+@pytest.mark.parametrize("path", ["bf16", "fp16", "fp16 fused-bn"])
+def test_step_path(benchmark, path, batch):
+    torch.cuda.reset_peak_memory_stats()
+    amp, fused = path.split()[0], path.endswith("fused-bn")
+    one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
+
+    def block() -> None:
+        for _ in range(BLOCK):
+            one()
+        torch.cuda.synchronize()
+
+    for _ in range(30):
+        one()
+    benchmark.pedantic(block, rounds=6, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["img_per_s"] = batch * BLOCK / benchmark.stats.stats.median
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     benchmark.extra_info["capture_failed"] = step.capture_failed

@@ -131,6 +131,16 @@ class ModelConfig:
         "start each residual block's last BatchNorm scale at zero, so every block starts as the "
         "identity (Goyal et al. 2017; timm's ResNet default); steadies the first steps",
     )
+    fused_bn: bool = option(
+        False,
+        "--fused-bn",
+        "fold BatchNorm into the convolutions: each convolution applies the previous BN and "
+        "ReLU as it reads its input and sums the next BN's statistics as it writes, so "
+        "activations are not re-read for BN. On a GPU it trains in fp16 (--amp fp16) and needs "
+        "the cuDNN frontend (pip install --no-deps nvidia-cudnn-frontend); on the CPU it runs "
+        "the same decomposition in plain PyTorch. The weights and checkpoints stay "
+        "torchvision's",
+    )
 
 
 @dataclass

@@ -11,12 +11,13 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
 - ``bn_finalize`` turns those sums into the next prologue's scale and bias, and updates the
   running statistics exactly as ``nn.BatchNorm2d`` does (momentum, unbiased running variance).
 
-``conv_bn`` and its backward are custom ops (``fasttrain::conv_bn``,
-``fasttrain::conv_bn_backward``) with fake implementations, so ``torch.compile`` traces through
-them and a CUDA graph captures them. Their kernel is the plain-PyTorch reference of the
-decomposition (``reference``), except ``conv_bn``'s on CUDA: cuDNN's fused forward where it
-runs (``cudnn_conv_bn``, fp16), held to the reference by the GPU tests. The backward is the
-reference on every device.
+``conv_bn`` is a custom op (``fasttrain::conv_bn``) with a fake implementation, so
+``torch.compile`` traces through it and a CUDA graph captures it. Its kernel is the plain-PyTorch
+reference of the decomposition (``reference``), except on CUDA: cuDNN's fused forward where it
+runs (``cudnn_conv_bn``, fp16), held to the reference by the GPU tests. Its backward
+(``backward``, the autograd formula) is ordinary torch ops on every device, so inductor fuses
+it: cuDNN's fused backward patterns were measured slower than a bare dgrad/wgrad beside
+inductor's kernels (docs/DESIGN.md).
 
 Gradients: with ``g`` the gradient of the output plus the sums' gradients (``gsum`` per channel,
 ``2 y gsumsq``), the convolution's dgrad and wgrad take ``g``, and the prologue's backward masks
@@ -97,8 +98,7 @@ def _(x, weight, scale, bias, stride, padding):
     return y, x.new_empty((k,), dtype=_acc(x)), x.new_empty((k,), dtype=_acc(x))
 
 
-@torch.library.custom_op("fasttrain::conv_bn_backward", mutates_args=())
-def conv_bn_backward(
+def backward(
     grad_y: Tensor,
     grad_sum: Tensor,
     grad_sumsq: Tensor,
@@ -109,13 +109,16 @@ def conv_bn_backward(
     bias: Tensor | None,
     stride: int,
     padding: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of ``conv_bn`` for (x, weight, scale, bias); scale's and bias's are empty
-    without a prologue (module notes)."""
+    input_grad: bool = True,
+) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor | None]:
+    """Gradients of ``conv_bn`` for (x, weight, scale, bias) in ordinary torch ops (module
+    notes): ``torch.compile`` traces them into the backward graph, where inductor fuses the
+    elementwise work and the reductions with their neighbours (the gradient of the next layer's
+    input included) and calls cuDNN for the convolution's dgrad and wgrad. Without a prologue,
+    scale's and bias's are None; without ``input_grad``, x's."""
     acc = _acc(x)
-    g = (grad_y.to(acc) + _per_channel(grad_sum) + 2 * y.to(acc) * _per_channel(grad_sumsq)).to(
-        y.dtype
-    )
+    g = grad_y.to(acc) + _per_channel(grad_sum) + 2 * y.to(acc) * _per_channel(grad_sumsq)
+    g = g.to(y.dtype)
     a = _prologue(x, scale, bias)
     ga, gw, _ = torch.ops.aten.convolution_backward(
         g,
@@ -128,27 +131,20 @@ def conv_bn_backward(
         False,
         [0, 0],
         1,
-        [True, True, False],
+        [input_grad or scale is not None, True, False],
     )
     gw = gw.to(weight.dtype)
     if scale is None:
-        empty = (x.new_empty((0,), dtype=acc), x.new_empty((0,), dtype=acc))
-        return ga.contiguous(memory_format=_memory_format(x)), gw, *empty
+        return (
+            (ga.contiguous(memory_format=_memory_format(x)) if input_grad else None),
+            gw,
+            None,
+            None,
+        )
     wide = x.to(acc)
     gz = ga.to(acc) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
     gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=_memory_format(x))
-    return gx, gw, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
-
-
-@conv_bn_backward.register_fake
-def _(grad_y, grad_sum, grad_sumsq, y, x, weight, scale, bias, stride, padding):
-    c = 0 if scale is None else scale.shape[0]
-    return (
-        torch.empty_like(x, memory_format=_memory_format(x)),
-        torch.empty_like(weight, memory_format=_memory_format(weight)),
-        x.new_empty((c,), dtype=_acc(x)),
-        x.new_empty((c,), dtype=_acc(x)),
-    )
+    return (gx if input_grad else None), gw, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -161,9 +157,8 @@ def _backward(ctx, grad_y, grad_sum, grad_sumsq):
     x, weight, scale, bias, y = ctx.saved_tensors
     k = weight.shape[0]
     zeros = y.new_zeros((k,), dtype=_acc(x))
-    grad_y = torch.zeros_like(y) if grad_y is None else grad_y
-    gx, gw, gscale, gbias = conv_bn_backward(
-        grad_y,
+    gx, gw, gscale, gbias = backward(
+        torch.zeros_like(y) if grad_y is None else grad_y,
         zeros if grad_sum is None else grad_sum,
         zeros if grad_sumsq is None else grad_sumsq,
         y,
@@ -173,9 +168,8 @@ def _backward(ctx, grad_y, grad_sum, grad_sumsq):
         bias,
         ctx.stride,
         ctx.padding,
+        input_grad=ctx.needs_input_grad[0],
     )
-    if scale is None:
-        return gx, gw, None, None, None, None
     return gx, gw, gscale, gbias, None, None
 
 

@@ -12,8 +12,9 @@ of either loads into the other. Only ``forward`` differs: each block runs on ``c
                     out = relu(BN3(a3) + identity)            # one elementwise pass
 
 The BN that ends a block (and the downsample's) has no convolution after it inside the block, so
-it is applied with the residual add and the ReLU, in one elementwise pass. The stem's BN and
-ReLU are applied before the max-pool the same way.
+it is applied with the residual add and the ReLU, in one elementwise pass. The stem runs as
+torchvision's (Conv2d, BatchNorm2d, ReLU): its 3-channel convolution is one cuDNN's fusion
+declines, and inductor fuses its BN and ReLU as in the plain model.
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ class FusedResNet(torchvision.models.ResNet):
         self.run_block = _bottleneck if block is Bottleneck else _basic
 
     def forward(self, x: Tensor) -> Tensor:
-        a, total, total_sq = _conv(x, self.conv1)
-        x = self.maxpool(torch.relu(affine(a, *_bn(a, total, total_sq, self.bn1))))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
                 x = self.run_block(block, x)

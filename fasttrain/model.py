@@ -17,17 +17,24 @@ def build_model(
     *,
     zero_init_residual: bool = False,
     triton_maxpool: bool = False,
+    fused_bn: bool = False,
 ) -> nn.Module:
     """A freshly initialised torchvision model (weights=None: nothing is downloaded).
 
     ``zero_init_residual`` zeroes the last BN scale of every residual block, so each block starts
     as the identity: the large-batch ImageNet recipe (Goyal et al. 2017), and timm's default.
     ``triton_maxpool`` swaps the stem's max-pool for fasttrain's Triton one (no parameters: the
-    state dict is torchvision's either way).
+    state dict is torchvision's either way). ``fused_bn`` builds the same ResNet with BatchNorm
+    folded into its convolutions (``FusedResNet``: same weights for a seed, same state dict).
     """
-    model = getattr(torchvision.models, arch)(
-        weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual
-    )
+    if fused_bn:
+        from fasttrain.fused_resnet import FusedResNet
+
+        model = FusedResNet(arch, num_classes=num_classes, zero_init_residual=zero_init_residual)
+    else:
+        model = getattr(torchvision.models, arch)(
+            weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual
+        )
     if triton_maxpool:
         from fasttrain.kernels.maxpool import MaxPool2d
 
@@ -53,6 +60,7 @@ def build_configured_model(
         device,
         zero_init_residual=cfg.zero_init_residual,
         triton_maxpool="maxpool" in kernels,
+        fused_bn=cfg.fused_bn,
     )
 
 

@@ -48,6 +48,8 @@ def resolve(
         import torch
 
         gpus = torch.cuda.device_count() if t.device == "cuda" else 0
+    if cfg.model.fused_bn:
+        _resolve_fused_bn(cfg, notes)
     if t.amp is None:
         t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
@@ -165,6 +167,42 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
             f"--compile-mode {t.compile_mode} captures CUDA graphs of its own, which cannot nest "
             "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
             "or default with --cuda-graphs"
+        )
+
+
+def _resolve_fused_bn(cfg: Config, notes: list[str]) -> None:
+    """--fused-bn's settings: cuDNN fuses BN into convolutions in fp16 and NHWC only, and the
+    fused forward computes each BN from its own process's batch (as plain BN does)."""
+    t = cfg.train
+    if t.sync_bn:
+        raise UserError(
+            "--fused-bn computes each BatchNorm's statistics inside the convolutions, per "
+            "process; it cannot synchronise them: leave out --sync-bn or --fused-bn"
+        )
+    if t.device != "cuda":
+        notes.append(
+            "--fused-bn on the CPU runs the fused decomposition in plain PyTorch (a reference: "
+            "correct, not faster)"
+        )
+        return
+    if t.amp is None:
+        t.amp = "fp16"
+    elif t.amp != "fp16":
+        raise UserError(
+            f"--fused-bn trains in fp16 (cuDNN fuses BatchNorm into convolutions only in fp16): "
+            f"use --amp fp16 or leave --amp out, not --amp {t.amp}"
+        )
+    if not cfg.model.channels_last:
+        raise UserError(
+            "--fused-bn runs cuDNN's fused convolutions, which take NHWC tensors: leave out "
+            "--no-channels-last"
+        )
+    from fasttrain import cudnn_conv_bn
+
+    if not cudnn_conv_bn.available():
+        raise UserError(
+            "--fused-bn needs the cuDNN frontend on a GPU: pip install --no-deps "
+            "nvidia-cudnn-frontend (its declared dependencies serve other features)"
         )
 
 

@@ -395,3 +395,26 @@ def test_ddp_only_settings_without_ddp_are_named_in_a_note():
     with pytest.raises(SystemExit) as e:  # an unknown hook is refused by the parser
         parse_args(["--data", "/d", "--ddp-comm-hook", "powersgd"], True)
     assert e.value.code == 2
+
+
+def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
+    from fasttrain import cudnn_conv_bn
+
+    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: True)
+    cfg = resolved(["--data", "/d", "--fused-bn"])
+    assert cfg.model.fused_bn and cfg.train.amp == "fp16"
+    assert resolved(["--data", "/d", "--fused-bn", "--amp", "fp16"]).train.amp == "fp16"
+    refusals = {
+        ("--amp", "bf16"): "--fused-bn trains in fp16 .* not --amp bf16",
+        ("--sync-bn",): "cannot synchronise them: leave out --sync-bn or --fused-bn",
+        ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
+    }
+    for extra, message in refusals.items():
+        with pytest.raises(UserError, match=message):
+            resolved(["--data", "/d", "--fused-bn", *extra], world=2 if "--sync-bn" in extra else 1)
+    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: False)
+    with pytest.raises(UserError, match="pip install --no-deps nvidia-cudnn-frontend"):
+        resolved(["--data", "/d", "--fused-bn"])
+    notes = []
+    cfg = resolved(["--data", "/d", "--fused-bn"], cuda=False, notes=notes)
+    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]

@@ -159,6 +159,38 @@ def test_the_fused_forward_traces_without_graph_breaks():
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
+@pytest.mark.slow
+def test_the_compiled_chain_matches_eager_forward_and_backward_in_one_graph():
+    """inductor traces the forward and the autograd formula (``conv_bn.backward``, torch ops)
+    into one graph (fullgraph: a break fails) and computes what eager does, gradients and
+    running statistics included."""
+    torch.manual_seed(0)
+    mods = [
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.Conv2d(8, 6, 3, padding=1, bias=False),
+        nn.BatchNorm2d(6),
+    ]
+    for bn in mods[1::2]:
+        nn.init.uniform_(bn.weight, 0.5, 1.5)
+        nn.init.uniform_(bn.bias, -0.5, 0.5)
+    eager = [m.to(memory_format=torch.channels_last) for m in mods]
+    compiled_mods = copy.deepcopy(eager)
+    chain = torch.compile(_fused_chain, fullgraph=True)
+    x = _x(4, 3, 8, 8, dtype=torch.float32)
+    g = _x(4, 6, 8, 8, seed=7, dtype=torch.float32)
+    out_e, out_c = _fused_chain(*eager, x), chain(*compiled_mods, x)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4)
+    params_e = [p for m in eager for p in m.parameters()]
+    params_c = [p for m in compiled_mods for p in m.parameters()]
+    grads_e = torch.autograd.grad((out_e * g).sum(), params_e)
+    grads_c = torch.autograd.grad((out_c * g).sum(), params_c)
+    for a, b in zip(grads_c, grads_e, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    for bn_c, bn_e in zip(compiled_mods[1::2], eager[1::2], strict=True):
+        torch.testing.assert_close(bn_c.running_var, bn_e.running_var)
+
+
 # (channels in, out, kernel, stride, padding, input size, prologue): ResNet-50's kinds of
 # convolution, with and without the previous BN folded in
 GPU_SHAPES = [
