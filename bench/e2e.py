@@ -64,6 +64,24 @@ def where(tree: Path | None, cwd: Path) -> str:
     return out.stdout.strip() or f"not importable: {out.stderr.strip().splitlines()[-1:]}"
 
 
+PATH_FLAGS = ("--config", "--data", "--exclude-list", "--resume")
+
+
+def absolute_paths(flags: list[str]) -> list[str]:
+    """The trainer's flags with the paths they name made absolute: runs start in the output
+    directory, where a path relative to the caller's directory would not be found."""
+    out = list(flags)
+    for i, flag in enumerate(out):
+        name, eq, value = flag.partition("=")
+        if name not in PATH_FLAGS:
+            continue
+        if eq and Path(value).exists():
+            out[i] = f"{name}={Path(value).resolve()}"
+        elif not eq and i + 1 < len(out) and Path(out[i + 1]).exists():
+            out[i + 1] = str(Path(out[i + 1]).resolve())
+    return out
+
+
 def run(label: str, tree: Path | None, argv: list[str], gpus: int, out: Path) -> dict:
     """One trainer run on ``gpus`` GPUs; its summary.json, with what ran. It starts outside the
     repository, so that ``python -m`` imports the installed package (or ``tree``), not the
@@ -125,7 +143,7 @@ def main() -> None:
                    "flags")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("e2e-runs"), help="output directory")
     args, extra = p.parse_known_args()
-    flags = [f for f in extra if f != "--"] or DEFAULT_FLAGS
+    flags = absolute_paths([f for f in extra if f != "--"] or DEFAULT_FLAGS)
     if args.data is not None:
         from fasttrain.data.folder import scan_folder
 
@@ -139,7 +157,9 @@ def main() -> None:
     found = [f"{label}: {where(tree, args.out)}" for label, tree in trees]
     print("fasttrain imported from " + "; ".join(found), file=sys.stderr)
     variants: list[tuple[str, list[str]]] = [("", [])]
-    variants += [(v.split("=", 1)[0], v.split("=", 1)[1].split()) for v in args.variant]
+    variants += [
+        (v.split("=", 1)[0], absolute_paths(v.split("=", 1)[1].split())) for v in args.variant
+    ]
     summaries = []
     runs = itertools.product(
         range(args.repeat), trees, variants, args.loaders.split(","), map(int, args.gpus.split(","))

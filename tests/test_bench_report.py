@@ -156,3 +156,14 @@ def test_kernel_split_classifies_a_traces_kernels_per_step(tmp_path, monkeypatch
     text = capsys.readouterr().out
     assert "2 profiled steps, 4.00 ms of GPU work per step" in text
     assert "| inductor / Triton | 2.00 | 50.0% |" in text
+
+
+def test_e2e_makes_the_paths_it_hands_the_trainer_absolute(tmp_path, monkeypatch):
+    """Runs start in their output directory: a recipe named relative to the caller's would not
+    be found there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text("train: {}\n")
+    got = e2e.absolute_paths(["--config", "r.yaml", "--epochs", "8", "--data=r.yaml", "--resume",
+                              "auto"])  # fmt: skip
+    assert got == ["--config", str(tmp_path / "r.yaml"), "--epochs", "8",
+                   f"--data={tmp_path / 'r.yaml'}", "--resume", "auto"]  # fmt: skip
