@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 t_build = time.perf_counter()
                 if dist.is_main:  # one builder; the other ranks then find it built
-                    build_sample(cache_dir(), log=say)
+                    build_sample(cache_dir(), log=say, bar=True)
                 dist.barrier()
                 cfg.data.path = str(build_sample(cache_dir(), log=lambda m: None))
                 if time.perf_counter() - t_build > 1 and dist.is_main:

@@ -99,6 +99,11 @@ def env_report() -> str:
     lines.append(f"NCCL         {nccl}")
     lines.append(f"triton       {_version('triton', 'triton')}")
     lines.append(f"DALI         {_dali_version()}")
+    from fasttrain.data.dali import dali_cuda_mismatch
+
+    mismatch = dali_cuda_mismatch(torch.version.cuda)
+    if mismatch:
+        lines.append(f"  warning: {mismatch}")
     from fasttrain.distributed import HW_QUEUES_ENV
 
     lines.append(f"CUDA queues  {HW_QUEUES_ENV}={os.environ.get(HW_QUEUES_ENV, 'unset (8)')}")

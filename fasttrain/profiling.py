@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -48,6 +49,10 @@ class RunProfiler:
         activities = [ProfilerActivity.CPU]
         if dist.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        else:
+            # without a GPU, kineto logs its start and stop and a failed GPU count at every
+            # cycle, nothing a CPU run can act on (its level is read when it first starts)
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.handler = tensorboard_trace_handler(
             str(self.trace_dir), worker_name=f"rank{dist.rank}"
         )
@@ -61,6 +66,11 @@ class RunProfiler:
             ),
             on_trace_ready=self._ready,
         )
+        if not dist.distributed:  # torch writes distributedInfo only with a process group
+            info = {"backend": "none", "rank": dist.rank, "world_size": 1}
+            # preset: written into every cycle's trace as it starts recording (metadata added
+            # while the profiler waits finds no trace to go into)
+            self.prof.preset_metadata_json("distributedInfo", json.dumps(info))
 
     def too_short(self, steps: int) -> str:
         return (
@@ -80,19 +90,11 @@ class RunProfiler:
     def start(self) -> None:
         if self.prof is not None:
             self.prof.start()
-            self._tag()
 
     def step(self) -> None:
         if self.prof is not None:
             self.prof.step()
             self.steps_seen += 1
-            self._tag()
-
-    def _tag(self) -> None:
-        """torch writes ``distributedInfo`` only with a process group; write it always."""
-        if not self.dist.distributed:
-            info = {"backend": "none", "rank": self.dist.rank, "world_size": 1}
-            self.prof.add_metadata_json("distributedInfo", json.dumps(info))
 
     def stop(self) -> None:
         if self.prof is not None:

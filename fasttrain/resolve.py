@@ -69,10 +69,20 @@ def resolve(
             dali = dali_available()
         d.loader = "dali" if t.device == "cuda" and dali else "torchvision"
         if t.device == "cuda" and not dali:
+            from fasttrain.data.dali import INSTALL_DALI
+
             notes.append(
-                "DALI is not installed, so the torchvision loader decodes on the CPU; pip install "
-                '-e ".[dali]" (CUDA 12) or ".[dali-cu13]" (CUDA 13) decodes on the GPU'
+                "DALI is not installed, so the torchvision loader decodes on the CPU; "
+                f"{INSTALL_DALI} decodes on the GPU"
             )
+    if d.loader == "dali" and t.device == "cuda":
+        import torch
+
+        from fasttrain.data.dali import dali_cuda_mismatch
+
+        mismatch = dali_cuda_mismatch(torch.version.cuda)
+        if mismatch:
+            notes.append(mismatch)
     if d.path is not None:
         d.path = str(Path(d.path).expanduser())
         found = found_exclude_list(d.path)

@@ -54,9 +54,7 @@ def discard_run_dir(out: Path, dist: DistState) -> None:
     """Remove a run directory ``prepare_run_dir`` created for a run that could not start: its
     config and log say nothing the one-line error has not, and a folder per failed start would
     pile up."""
-    for h in list(log.handlers):
-        h.close()
-        log.removeHandler(h)
+    _detach_handlers()
     (out / f"log-rank{dist.rank}.txt").unlink(missing_ok=True)
     if dist.is_main:
         (out / "config.yaml").unlink(missing_ok=True)
@@ -68,9 +66,7 @@ def setup_logging(out: Path, dist: DistState) -> None:
     """Every rank logs to ``log-rank{N}.txt``; only the main process also prints."""
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    for h in list(log.handlers):  # a second run in the same process (tests) starts clean
-        h.close()
-        log.removeHandler(h)
+    _detach_handlers()  # a second run in the same process (tests) starts clean
     fh = logging.FileHandler(out / f"log-rank{dist.rank}.txt")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(fh)
@@ -79,6 +75,22 @@ def setup_logging(out: Path, dist: DistState) -> None:
         ch.setLevel(logging.INFO)
         ch.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(ch)
+    # Python warnings (torch's among them) go the same way: into this rank's log, and printed
+    # above the progress bar instead of onto its line
+    logging.captureWarnings(False)  # re-arm: a run before this one in the process may have left it
+    logging.captureWarnings(True)
+    warn_log = logging.getLogger("py.warnings")
+    warn_log.propagate = False
+    for h in log.handlers:
+        warn_log.addHandler(h)
+
+
+def _detach_handlers() -> None:
+    """Close and remove the run's log handlers, from fasttrain's logger and the warnings'."""
+    for logger in (log, logging.getLogger("py.warnings")):
+        for h in list(logger.handlers):
+            h.close()
+            logger.removeHandler(h)
 
 
 def seed_everything(seed: int) -> None:

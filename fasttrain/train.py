@@ -143,6 +143,12 @@ class Trainer:
 
     def train_step(self, batches: list, data_wait: float) -> None:
         self.lr = self.training.schedule.lr_at(self.step)  # for the log; the step sets its own
+        if self.step == self.start_step and self.cfg.train.compile:
+            log.info(
+                "compiling the step (--compile-mode %s): the first step waits for it, a minute "
+                "or more the first time, seconds once inductor has cached it",
+                self.cfg.train.compile_mode,
+            )
         t_step = time.perf_counter()
         with (
             self.dist.collective("the training step (DDP's gradient all_reduce)"),
@@ -164,10 +170,10 @@ class Trainer:
         self.summary["time_to_first_step_s"] = now - self.t_start
         self.summary["first_step_s"] = now - t_step  # compile and autotuning, if any
         log.info(
-            "first step done %.1f s after start; the step itself took %.1f s (compile and "
-            "autotuning, if any)",
+            "first step done %.1f s after start; the step itself took %.1f s%s",
             self.summary["time_to_first_step_s"],
             self.summary["first_step_s"],
+            " (compiling it, and tuning if on)" if self.cfg.train.compile else "",
         )
         self.metrics.restart_interval()
 

@@ -223,15 +223,26 @@ def test_shipped_recipes_are_valid():
     assert imagenet["optim"]["label_smoothing"] == 0.1
 
 
-def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot():
+def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot(monkeypatch):
+    import fasttrain.data.dali as dali_module
+
     def loader(cuda, dali):
         notes = []
         cfg = resolved(["--data", "/d"], cuda=cuda, dali=dali, notes=notes)
         return cfg.data.loader, notes
 
+    monkeypatch.setattr(dali_module, "installed_dali_builds", lambda: ["nvidia-dali-cuda130"])
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
     assert loader(True, True) == ("dali", [])
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a DALI for another CUDA: said at start
+    chosen, notes = loader(True, True)
+    assert chosen == "dali" and notes == [
+        "DALI (nvidia-dali-cuda130) is built for another CUDA major version than torch (CUDA "
+        "12.8); its GPU decode may fail to load: pip uninstall -y nvidia-dali-cuda130 && pip "
+        "install nvidia-dali-cuda120"
+    ]
     chosen, notes = loader(True, False)
-    assert chosen == "torchvision" and 'pip install -e ".[dali]"' in notes[0]
+    assert chosen == "torchvision" and "pip install nvidia-dali-cuda130 (for a CUDA 13" in notes[0]
     assert loader(False, True) == ("torchvision", [])  # no GPU: the CPU reference loader
     explicit = resolved(["--data", "/d", "--loader", "torchvision"], dali=True)
     assert explicit.data.loader == "torchvision"  # explicit wins
@@ -418,3 +429,18 @@ def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeyp
     notes = []
     cfg = resolved(["--data", "/d", "--fused-bn"], cuda=False, notes=notes)
     assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
+
+
+def test_dali_and_torch_cuda_versions_are_checked_against_each_other():
+    from fasttrain.data.dali import dali_cuda_mismatch
+
+    assert dali_cuda_mismatch("13.0", ["nvidia-dali-cuda130"]) is None
+    assert dali_cuda_mismatch("12.4", ["nvidia-dali-cuda120"]) is None
+    assert dali_cuda_mismatch(None, ["nvidia-dali-cuda120"]) is None  # a CPU build of torch
+    assert dali_cuda_mismatch("13.0", []) is None  # no pip-installed DALI
+    assert "pip uninstall -y nvidia-dali-cuda120 && pip install nvidia-dali-cuda130" in (
+        dali_cuda_mismatch("13.0", ["nvidia-dali-cuda120"])
+    )
+    both = dali_cuda_mismatch("13.0", ["nvidia-dali-cuda130", "nvidia-dali-cuda120"])
+    assert "share one module" in both and "pip uninstall -y nvidia-dali-cuda120" in both
+    assert "pip install --force-reinstall nvidia-dali-cuda130" in both

@@ -288,7 +288,36 @@ def test_env_report(capsys, monkeypatch):
     assert torch.__version__ in out
 
 
+def test_env_warns_when_dali_is_built_for_another_cuda(capsys, monkeypatch):
+    import fasttrain.data.dali as dali
+
+    monkeypatch.setattr(dali, "installed_dali_builds", lambda: ["nvidia-dali-cuda120"])
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "  warning: DALI (nvidia-dali-cuda120) is built for another CUDA major version" in out
+
+
 def test_a_users_hardware_queue_setting_is_kept(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     assert main(["env"]) == 0
     assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in capsys.readouterr().out
+
+
+def test_python_warnings_go_into_the_log_and_above_the_progress_bar(tmp_path, capsys):
+    """A torch warning printed onto the bar's line broke it: warnings take the log's handlers
+    (the rank's file, and tqdm.write on the console)."""
+    import logging
+    import warnings
+
+    from fasttrain.distributed import DistState
+    from fasttrain.runtime import setup_logging
+
+    setup_logging(tmp_path, DistState(0, 0, 1, torch.device("cpu")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a warning raised mid-run", UserWarning, stacklevel=1)
+    for h in logging.getLogger("fasttrain").handlers:
+        h.flush()
+    assert "UserWarning: a warning raised mid-run" in (tmp_path / "log-rank0.txt").read_text()
+    assert "a warning raised mid-run" in capsys.readouterr().err

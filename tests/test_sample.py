@@ -49,3 +49,17 @@ def test_default_images_are_imagenet_like():
         sizes.append(len(buf.getvalue()))
     # ImageNet's train JPEGs average about 110 KB; stay in that range so decode cost is realistic
     assert 60_000 < np.mean(sizes) < 200_000
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_build_shows_a_progress_bar_on_a_terminal_only(tmp_path, monkeypatch):
+    spec = SampleSpec(classes=2, train_per_class=3, val_per_class=2, min_side=40, max_side=48)
+    for terminal, path in ((True, "t"), (False, "f")):
+        err = _Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr("sys.stderr", err)
+        build_sample(tmp_path / path, spec, workers=1, log=lambda m: None, bar=True)
+        assert ("sample dataset: 100%" in err.getvalue() and "10/10" in err.getvalue()) == terminal

@@ -294,7 +294,12 @@ def test_compile_flag_trains_and_saves_unprefixed_checkpoints(run, tiny_data, tm
     assert first["compiled"] == pytest.approx(first["eager"], rel=1e-5)  # same weights, same batch
     state = params(tmp_path / "compiled")
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state["model"])
-    assert "step compiled, strategy none |" in (tmp_path / "compiled" / "log-rank0.txt").read_text()
+    text = (tmp_path / "compiled" / "log-rank0.txt").read_text()
+    assert "step compiled, strategy none |" in text
+    # the wait is announced before the first step, and its length said after
+    announce = text.index("compiling the step (--compile-mode default): the first step waits")
+    assert announce < text.index("(compiling it, and tuning if on)")
+    assert "compiling the step" not in (tmp_path / "eager" / "log-rank0.txt").read_text()
 
 
 def test_fused_bn_trains_like_the_plain_model_and_saves_torchvisions_state_dict(

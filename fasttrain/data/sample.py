@@ -9,15 +9,18 @@ in parallel, and is atomic: a half-built folder is never mistaken for a finished
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
+from tqdm import tqdm
 
 SHAPES = (
     "circle",
@@ -174,9 +177,14 @@ def _write_chunk(args: tuple[str, SampleSpec, str, int, int, int]) -> int:
 
 
 def build_sample(
-    root: Path, spec: SampleSpec = SampleSpec(), workers: int | None = None, log=print
+    root: Path,
+    spec: SampleSpec = SampleSpec(),
+    workers: int | None = None,
+    log=print,
+    bar: bool = False,
 ) -> Path:
-    """Build ``root/spec.name`` once (train/ and val/); return its path. Safe to call repeatedly."""
+    """Build ``root/spec.name`` once (train/ and val/); return its path. Safe to call repeatedly.
+    ``bar``: a progress bar on a terminal (the build takes a minute or more on a small machine)."""
     dest = Path(root) / spec.name
     if (dest / "DONE").exists():
         return dest
@@ -194,11 +202,20 @@ def build_sample(
             for start in range(0, per, 100):
                 jobs.append((str(tmp), spec, split, label, start, min(100, per - start)))
     workers = workers or len(os.sched_getaffinity(0))
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            done = sum(pool.map(_write_chunk, jobs))
-    else:
-        done = sum(map(_write_chunk, jobs))
+    progress = tqdm(
+        total=total,
+        unit="JPEG",
+        desc="sample dataset",
+        dynamic_ncols=True,
+        disable=not (bar and sys.stderr.isatty()),
+        file=sys.stderr,
+    )
+    pool = ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext()
+    with progress, pool:
+        done = 0
+        for written in pool.map(_write_chunk, jobs) if workers > 1 else map(_write_chunk, jobs):
+            done += written
+            progress.update(written)
     assert done == total
     (tmp / "DONE").write_text(f"{asdict(spec)}\n")
     try:
