@@ -4,6 +4,9 @@
 - ``python -m fasttrain env`` reports the hardware and software.
 - ``python -m fasttrain check-data DIR`` lists undecodable images and writes the list loaders skip.
 - ``python -m fasttrain profile-summary TRACE_DIR`` recomputes the step breakdown from traces.
+- ``python -m fasttrain evaluate WEIGHTS [flags]`` evaluates weights on a val set
+  (``--test-only --weights WEIGHTS``: the training flags apply).
+- ``python -m fasttrain export CHECKPOINT OUT`` writes a checkpoint's weights as a state dict.
 
 Parse -> Config -> train. A ``UserError`` anywhere becomes one line on stderr and its exit code.
 """
@@ -117,6 +120,33 @@ def profile_summary(argv: Sequence[str]) -> int:
     return 0
 
 
+def export(argv: Sequence[str]) -> int:
+    from fasttrain.weights import export_state_dict, read_state_dict
+
+    p = Parser(
+        prog="python -m fasttrain export",
+        description="Write a checkpoint's model weights as a plain state dict with torchvision's "
+        "keys (no optimizer, no loader state), which torchvision.models.<arch>(num_classes=N) "
+        "loads as it is. A checkpoint's BatchNorm statistics are already averaged over the "
+        "ranks. The format follows OUT's suffix: .safetensors (needs the safetensors package) "
+        "or a torch file (.pt, .pth).",
+    )
+    p.add_argument("checkpoint", help="a fasttrain checkpoint (ckpt-*.pt) or any state dict file")
+    p.add_argument("out", help="where to write the weights (.pt, .pth or .safetensors)")
+    args = p.parse_args(argv)
+    state = read_state_dict(args.checkpoint, flag="export")
+    out = export_state_dict(state, args.out)
+    say(f"wrote {len(state)} tensors of {args.checkpoint} to {out}")
+    return 0
+
+
+def evaluate_argv(argv: list[str]) -> list[str]:
+    """``evaluate WEIGHTS [flags]`` as the trainer's flags: ``--test-only --weights WEIGHTS``."""
+    if argv[:1] and not argv[0].startswith("-"):
+        return ["--test-only", "--weights", argv[0], *argv[1:]]
+    return ["--test-only", *argv]
+
+
 def launch(argv: list[str]) -> int | None:
     """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
     (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
@@ -157,13 +187,15 @@ def _first_exit(e) -> int:
     return 1
 
 
-SUBCOMMANDS = ("env", "check-data", "profile-summary")  # the rest of a command line trains
+SUBCOMMANDS = ("env", "check-data", "profile-summary", "export")  # the rest trains (or evaluates)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     run_log: Path | None = None  # known once the config is resolved
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["evaluate"]:
+        argv = evaluate_argv(argv[1:])
     if not (argv[:1] and argv[0] in SUBCOMMANDS) and ("-h" in argv or "--help" in argv):
         from fasttrain.cli import build_parser
 
@@ -186,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_data(argv[1:])
         if argv[:1] == ["profile-summary"]:
             return profile_summary(argv[1:])
+        if argv[:1] == ["export"]:
+            return export(argv[1:])
         launched = launch(argv)
         if launched is not None:
             return launched
@@ -213,9 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if time.perf_counter() - t_build > 1 and dist.is_main:
                     say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
                 t_start = time.perf_counter()  # a one-off build is not part of start-up cost
-            from fasttrain.train import train
+            if cfg.run.test_only:
+                from fasttrain.evaluate_only import evaluate_only
 
-            train(cfg, dist, t_start)
+                evaluate_only(cfg, dist)
+            else:
+                from fasttrain.train import train
+
+                train(cfg, dist, t_start)
         finally:
             dist.close()
     except UserError as e:

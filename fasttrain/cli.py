@@ -35,6 +35,8 @@ def _parser_for(o: Option):
     """The string -> value conversion argparse applies to one flag."""
     if o.nullable and o.type in (int, float):
         return lambda s: None if s.lower() in NULL_WORDS else o.type(s)
+    if o.synonyms:
+        return lambda s: dict(o.synonyms).get(s.lower(), s)
     return o.type
 
 
@@ -58,6 +60,8 @@ def _check(o: Option, value: Any, where: str) -> Any:
             raise UserError(f"{where}: expected a finite number, got {value}")
     elif not isinstance(value, str):
         raise UserError(f"{where}: expected a string, got {value!r}")
+    else:
+        value = dict(o.synonyms).get(value.lower(), value) if o.synonyms else value
     if o.choices is not None and value not in o.choices:
         raise UserError(f"{where}: {value!r} is not allowed; choose one of {', '.join(o.choices)}")
     if o.minimum is not None and value < o.minimum:
@@ -108,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config recipe, which overrides the defaults. Other commands: `python -m fasttrain env` "
         "reports hardware and software; `python -m fasttrain check-data DIR` finds undecodable "
         "images and writes the list training then leaves out; `python -m fasttrain "
-        "profile-summary TRACE_DIR` recomputes a --profile run's step breakdown.",
+        "profile-summary TRACE_DIR` recomputes a --profile run's step breakdown; `python -m "
+        "fasttrain evaluate WEIGHTS [flags]` evaluates weights on a val set (--test-only); "
+        "`python -m fasttrain export CHECKPOINT OUT` writes a checkpoint's weights as "
+        "torchvision's state dict.",
         argument_default=argparse.SUPPRESS,  # only flags actually given override the recipe
     )
     p.add_argument(
@@ -133,14 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         # argument_default=SUPPRESS hides argparse's own defaults, so write them in here
         help_text = o.help + ("" if default is None else f" (default: {default})")
         group = groups[section]
+        if o.synonyms:
+            help_text += f"; {', '.join(a for a, _ in o.synonyms)} are accepted too"
         if o.type is bool:
             group.add_argument(
-                o.flag, dest=o.key, action=argparse.BooleanOptionalAction, help=help_text
+                o.flag,
+                *o.aliases,
+                dest=o.key,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
             )
         else:
             metavar = None if o.choices else o.flag.lstrip("-").upper().replace("-", "_")
             group.add_argument(
                 o.flag,
+                *o.aliases,
                 dest=o.key,
                 metavar=metavar,
                 type=_parser_for(o),

@@ -31,6 +31,10 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False  # None is allowed (YAML null; "auto"/"none" on the command line)
+    # other spellings of the flag: torchvision's reference train.py's and timm's, same meaning
+    aliases: tuple[str, ...] = ()
+    # (other spelling, value) pairs of choices, e.g. torchvision's "cosineannealinglr"
+    synonyms: tuple[tuple[str, str], ...] = ()
     # (a float must also be finite: NaN and infinity are refused for every option)
     key: str = ""  # "section.field": filled by options()
     type: type = str  # int, float, str or bool: from the field's annotation
@@ -70,8 +74,24 @@ class DataConfig:
         224,
         "--image-size",
         "train crop size in pixels; val resizes the shorter side to size/0.875 and "
-        "center-crops this size",
+        "center-crops this size, unless --val-resize-size / --val-crop-size say otherwise",
         minimum=16,
+        aliases=("--train-crop-size",),
+    )
+    val_resize_size: int | None = option(
+        None,
+        "--val-resize-size",
+        "val: resize the shorter side to this many pixels before the center crop (default: "
+        "the crop size / 0.875, 256 for 224)",
+        minimum=16,
+        nullable=True,
+    )
+    val_crop_size: int | None = option(
+        None,
+        "--val-crop-size",
+        "val: the center crop in pixels (default: --image-size)",
+        minimum=16,
+        nullable=True,
     )
     workers: int | None = option(
         None,
@@ -79,6 +99,7 @@ class DataConfig:
         "torchvision loader worker processes per GPU (default: one per CPU core, at most 16)",
         minimum=0,
         nullable=True,
+        aliases=("-j",),
     )
     synthetic_steps: int = option(
         0,
@@ -110,7 +131,11 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     arch: str = option(
-        "resnet50", "--arch", "model architecture (torchvision, weights=None)", choices=ARCHS
+        "resnet50",
+        "--arch",
+        "model architecture (torchvision, weights=None)",
+        choices=ARCHS,
+        aliases=("--model",),
     )
     num_classes: int | None = option(
         None,
@@ -131,6 +156,14 @@ class ModelConfig:
         "start each residual block's last BatchNorm scale at zero, so every block starts as the "
         "identity (Goyal et al. 2017; timm's ResNet default); steadies the first steps",
     )
+    weights: str | None = option(
+        None,
+        "--weights",
+        "start from these weights: a state dict file (torchvision's, timm's, an export, or a "
+        "fasttrain checkpoint). A classifier for another number of classes is replaced by a new "
+        "one (fine-tuning); anything else that does not fit is an error. Nothing is downloaded",
+        nullable=True,
+    )
     fused_bn: bool = option(
         False,
         "--fused-bn",
@@ -148,8 +181,18 @@ class OptimConfig:
     lr: float = option(
         0.1,
         "--lr",
-        "base learning rate per 256 images, scaled linearly to the global batch",
+        "base learning rate per 256 images, scaled linearly to the global batch (Goyal et al. "
+        "2017): the run uses --lr x global batch / 256, printed at start. torchvision's and "
+        "timm's --lr is the rate itself: their --lr 0.5 at a global batch of 1024 is --lr 0.125 "
+        "here, or --lr 0.5 --lr-scaling none",
         minimum=0,
+    )
+    lr_scaling: str = option(
+        "linear",
+        "--lr-scaling",
+        "how --lr is read: linear (per 256 images, scaled to the global batch) or none (the "
+        "rate itself, whatever the batch, as torchvision's train.py reads it)",
+        choices=("linear", "none"),
     )
     momentum: float = option(0.9, "--momentum", "SGD momentum", minimum=0)
     weight_decay: float = option(1e-4, "--weight-decay", "L2 weight decay", minimum=0)
@@ -159,19 +202,26 @@ class OptimConfig:
         "apply weight decay to BatchNorm weights and biases (--no-bn-weight-decay exempts them)",
     )
     warmup_epochs: float = option(
-        0.0, "--warmup-epochs", "linear LR warmup from 0, in epochs (applied per step)", minimum=0
+        0.0,
+        "--warmup-epochs",
+        "linear LR warmup from 0, in epochs (applied per step)",
+        minimum=0,
+        aliases=("--lr-warmup-epochs",),
     )
     lr_schedule: str = option(
         "step",
         "--lr-schedule",
         "LR decay after warmup, applied per step",
         choices=("step", "cosine"),
+        aliases=("--lr-scheduler", "--sched"),
+        synonyms=(("steplr", "step"), ("cosineannealinglr", "cosine")),
     )
     lr_step_epochs: int = option(
         30,
         "--lr-step-epochs",
         "with --lr-schedule step: multiply the LR by --lr-gamma every this many epochs",
         minimum=1,
+        aliases=("--lr-step-size",),
     )
     lr_gamma: float = option(
         0.1, "--lr-gamma", "with --lr-schedule step: the decay factor", minimum=0
@@ -182,6 +232,7 @@ class OptimConfig:
         "label smoothing for the cross-entropy loss",
         minimum=0,
         maximum=1,
+        aliases=("--smoothing",),
     )
     opt: str = option(
         "sgd",
@@ -214,6 +265,7 @@ class TrainConfig:
         "found by running the real step (capture included) at growing sizes before training",
         minimum=1,
         nullable=True,
+        aliases=("-b",),
     )
     accum_steps: int = option(
         1,
@@ -319,6 +371,15 @@ class TrainConfig:
         choices=("stop", "skip"),
     )
     device: str = option("auto", "--device", "device to train on", choices=("auto", "cuda", "cpu"))
+    deterministic: bool = option(
+        False,
+        "--deterministic",
+        "reproducible runs: cuDNN's deterministic algorithms without autotuning, "
+        "torch.use_deterministic_algorithms (an op that has no deterministic kernel warns in "
+        "the log), CUBLAS_WORKSPACE_CONFIG=:4096:8 and inductor's deterministic mode; the "
+        "loaders follow --seed either way. Slower on a GPU: cuDNN and inductor cannot pick "
+        "their fastest kernels",
+    )
     seed: int = option(
         0,
         "--seed",
@@ -339,6 +400,13 @@ class RunConfig:
     name: str | None = option(
         None, "--name", "run name, used for the default --output-dir", nullable=True
     )
+    test_only: bool = option(
+        False,
+        "--test-only",
+        "evaluate the --weights on the val set and exit, training nothing (as torchvision's "
+        "train.py; also python -m fasttrain evaluate WEIGHTS): top-1/top-5 are printed and "
+        "written to <output-dir>/eval.json",
+    )
     resume: str | None = option(
         None,
         "--resume",
@@ -351,6 +419,7 @@ class RunConfig:
         "optimizer steps between log steps. A log step reads the interval before it, whose "
         "work is done, so it never waits for the GPU: each log line comes one interval late",
         minimum=1,
+        aliases=("--print-freq",),
     )
     eval_every: int = option(1, "--eval-every", "epochs between evaluations (0: never)", minimum=0)
     ckpt_every_steps: int = option(

@@ -1,4 +1,5 @@
-"""Distributed state in one object, read from torchrun's environment (or a single process).
+"""Distributed state in one object, read from torchrun's environment, an srun task's
+(``slurm.py``), or a single process.
 
 Code below asks ``DistState`` questions (rank, device, is_main) and calls its collectives, which are
 no-ops in a single process; nothing else reads the environment or touches the process group.
@@ -64,13 +65,17 @@ class DistState:
 
     @classmethod
     def from_env(cls, device_type: str = "auto", timeout_s: int = 600) -> DistState:
-        """Build from RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun); defaults: one process.
+        """Build from RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun, or mapped from an srun
+        task's SLURM variables); defaults: one process.
         ``device_type`` is ``--device``: auto, cuda or cpu.
 
         With several processes, start the process group: NCCL on GPUs, gloo on the CPU. A
         collective that waits longer than ``timeout_s`` fails with an error naming the rank and
         the collective instead of hanging.
         """
+        from fasttrain.slurm import torchrun_env
+
+        os.environ.update(torchrun_env(os.environ))  # an srun task: SLURM's variables
         if device_type == "auto":
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
         elif device_type == "cuda" and not torch.cuda.is_available():

@@ -60,7 +60,7 @@ def build_schedule(
     cfg: OptimConfig, global_batch: int, steps_per_epoch: int, epochs: int
 ) -> Schedule:
     return Schedule(
-        peak_lr=cfg.lr * global_batch / 256,
+        peak_lr=cfg.lr * global_batch / 256 if cfg.lr_scaling == "linear" else cfg.lr,
         steps_per_epoch=steps_per_epoch,
         total_steps=steps_per_epoch * epochs,
         warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),

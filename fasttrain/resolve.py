@@ -48,12 +48,16 @@ def resolve(
         import torch
 
         gpus = torch.cuda.device_count() if t.device == "cuda" else 0
+    if cfg.model.weights is not None and not Path(cfg.model.weights).expanduser().is_file():
+        raise UserError(f"--weights {cfg.model.weights}: no such file")
     if cfg.model.fused_bn:
         _resolve_fused_bn(cfg, notes)
     if t.amp is None:
         t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
         raise UserError("--amp fp16 needs a CUDA GPU; use --amp bf16 or off on the CPU")
+    if cfg.run.test_only:
+        _resolve_test_only(cfg)
     if t.batch_size is None and t.device != "cuda":
         raise UserError(
             "--batch-size auto measures GPU memory by running the step; on the CPU give a "
@@ -180,10 +184,31 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
         )
 
 
+def _resolve_test_only(cfg: Config) -> None:
+    """--test-only (``evaluate``) needs weights, and has no training step to size a batch by."""
+    if cfg.model.weights is None:
+        raise UserError(
+            "--test-only evaluates the model in --weights FILE: give one (a checkpoint, an "
+            "export, or a torchvision or timm state dict)"
+        )
+    if cfg.run.resume is not None:
+        raise UserError(
+            "--test-only evaluates --weights; --resume continues training: give the checkpoint "
+            "as --weights"
+        )
+    if cfg.train.batch_size is None:
+        cfg.train.batch_size = 256 if cfg.train.device == "cuda" else 32
+
+
 def _resolve_fused_bn(cfg: Config, notes: list[str]) -> None:
     """--fused-bn's settings: cuDNN fuses BN into convolutions in fp16 and NHWC only, and the
     fused forward computes each BN from its own process's batch (as plain BN does)."""
     t = cfg.train
+    if t.deterministic and t.device == "cuda":
+        raise UserError(
+            "--fused-bn sums each BatchNorm's statistics with atomic adds inside cuDNN's fused "
+            "convolution, in no fixed order: leave out --deterministic or --fused-bn"
+        )
     if t.sync_bn:
         raise UserError(
             "--fused-bn computes each BatchNorm's statistics inside the convolutions, per "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import sys
 from pathlib import Path
@@ -99,15 +100,34 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def configure_backends(device: torch.device, strategy: str = "none") -> None:
+def configure_backends(
+    device: torch.device, strategy: str = "none", deterministic: bool = False
+) -> None:
     """Fast defaults on the GPU: cuDNN autotuning (fixed shapes) and TF32 for any fp32 matmul.
 
     Not autotuning under DataParallel: it runs every forward in new threads, and cuDNN's
     benchmarked plans are cached per thread (pytorch PR 103939), so each step would benchmark
     every convolution again. On two H200s DP ran at 334 img/s with autotuning, its GPUs idle 89%
-    of each step (BENCHMARKS.md)."""
+    of each step (BENCHMARKS.md).
+
+    ``deterministic`` (``--deterministic``) trades that speed for runs that repeat bit for bit:
+    no autotuning, cuDNN's and torch's deterministic algorithms, inductor's deterministic mode.
+    """
+    if deterministic:
+        # cuBLAS needs a fixed workspace to reduce in a fixed order; read when CUDA starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        from torch._inductor import config as inductor_config
+
+        if "deterministic" in inductor_config.get_config_copy():
+            inductor_config.deterministic = True
+        log.info(
+            "--deterministic: deterministic algorithms, no cuDNN autotuning (an op without a "
+            "deterministic kernel warns in this log)"
+        )
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = strategy != "dp"
+        torch.backends.cudnn.benchmark = strategy != "dp" and not deterministic
         torch.set_float32_matmul_precision("high")
         if strategy == "dp":
             log.info(

@@ -36,6 +36,7 @@ from fasttrain.runtime import (
     prepare_run_dir,
     seed_everything,
 )
+from fasttrain.weights import load_weights, read_state_dict
 
 log = logging.getLogger("fasttrain")
 
@@ -341,7 +342,7 @@ def _set_up(
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
-    configure_backends(dist.device, t.strategy)
+    configure_backends(dist.device, t.strategy, t.deterministic)
     seed_everything(t.seed)
     if t.batch_size is None:
         from fasttrain.autobatch import auto_batch_size
@@ -368,6 +369,16 @@ def _set_up(
             t.inductor_options,
         )
     step = 0
+    if cfg.model.weights is not None and not resumed:
+        source = f"--weights {cfg.model.weights}"
+        load_weights(built.training.model, read_state_dict(cfg.model.weights), source)
+        log.info("%s: the model starts from these weights", source)
+    elif cfg.model.weights is not None:
+        log.info(
+            "--weights %s: not loaded, the run resumes from %s, which holds its weights",
+            cfg.model.weights,
+            resumed[0],
+        )
     if resumed:
         step = ckpt.resume(*resumed, cfg, built.training, built.global_batch, built.steps_per_epoch)
     if dist.is_main:
@@ -395,7 +406,7 @@ def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
     )
     log.info(
         "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per %s x %d %s x %d "
-        "accum) | peak LR %.4g | %d steps per epoch, %d steps from step %d",
+        "accum) | peak LR %.4g (%s) | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
         training.step.description,
@@ -408,6 +419,9 @@ def _log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
         unit + ("es" if unit == "process" else "s") if built.gpus > 1 else unit,
         t.accum_steps,
         training.schedule.peak_lr,
+        f"--lr {cfg.optim.lr:g} x global batch {built.global_batch} / 256"
+        if cfg.optim.lr_scaling == "linear"
+        else "--lr, --lr-scaling none",
         built.steps_per_epoch,
         total,
         step,

@@ -56,6 +56,12 @@ def _reset_logging():
         log.removeHandler(h)
     log.propagate = True
     log.setLevel(logging.NOTSET)
+    # a run routes warnings into its log; the next test's are pytest's again
+    logging.captureWarnings(False)
+    warn_log = logging.getLogger("py.warnings")
+    for h in list(warn_log.handlers):
+        warn_log.removeHandler(h)
+    warn_log.propagate = True
 
 
 @pytest.fixture(scope="session")

@@ -444,3 +444,46 @@ def test_dali_and_torch_cuda_versions_are_checked_against_each_other():
     both = dali_cuda_mismatch("13.0", ["nvidia-dali-cuda130", "nvidia-dali-cuda120"])
     assert "share one module" in both and "pip uninstall -y nvidia-dali-cuda120" in both
     assert "pip install --force-reinstall nvidia-dali-cuda130" in both
+
+
+def test_the_reference_trainers_flags_mean_the_same_here():
+    """torchvision's train.py and timm spellings set the same config keys as fasttrain's own,
+    on the command line; torchvision's scheduler names are taken in YAML too."""
+    theirs = parse_args(
+        ["--data", "/d", "--model", "resnet18", "-b", "64", "-j", "4", "--lr-warmup-epochs", "5",
+         "--lr-scheduler", "cosineannealinglr", "--lr-step-size", "20", "--train-crop-size", "176",
+         "--print-freq", "50", "--smoothing", "0.1"],
+        cuda_available=True,
+    )[0]  # fmt: skip
+    ours = parse_args(
+        ["--data", "/d", "--arch", "resnet18", "--batch-size", "64", "--workers", "4",
+         "--warmup-epochs", "5", "--lr-schedule", "cosine", "--lr-step-epochs", "20",
+         "--image-size", "176", "--log-every", "50", "--label-smoothing", "0.1"],
+        cuda_available=True,
+    )[0]  # fmt: skip
+    assert theirs == ours
+    assert parse_args(["--data", "/d", "--sched", "steplr"], True)[0].optim.lr_schedule == "step"
+
+
+def test_yaml_takes_torchvisions_scheduler_names(tmp_path):
+    cfg, _ = parse_args(
+        ["--config", str(write(tmp_path, "optim:\n  lr_schedule: CosineAnnealingLR\n"))], True
+    )
+    assert cfg.optim.lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize("scaling, peak", [("linear", 0.4), ("none", 0.1)])
+def test_lr_scaling_reads_lr_per_256_images_or_as_the_rate_itself(scaling, peak):
+    from fasttrain.optim import build_schedule
+
+    cfg = parse_args(["--data", "/d", "--lr", "0.1", "--lr-scaling", scaling], True)[0]
+    schedule = build_schedule(cfg.optim, global_batch=1024, steps_per_epoch=10, epochs=2)
+    assert schedule.peak_lr == pytest.approx(peak)
+
+
+def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
+    from fasttrain import cudnn_conv_bn
+
+    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: True)
+    with pytest.raises(UserError, match=r"atomic adds .* leave out --deterministic or --fused-bn"):
+        resolved(["--data", "/d", "--fused-bn", "--deterministic"])

@@ -242,3 +242,29 @@ def test_dali_trains_past_bad_files_once_check_data_listed_them(run, tiny_data, 
         tmp_path / "o",
     )
     assert code == 0, err
+
+
+def test_val_crop_and_resize_reach_both_loaders(tiny_data):
+    """--val-crop-size / --val-resize-size: the crop sets both loaders' val shape, and the
+    resize changes what the crop holds, in DALI's pipeline as in the reference loader."""
+    from fasttrain.data.torchvision import build_torchvision_loader
+
+    samples = scan_folder(tiny_data).val[:16]
+
+    def batches(**size):
+        dali = DaliLoader(samples, train=False, batch_size=16, threads=2, hw_decoder_load=0.99,
+                          seed=0, rank=0, world=1, local_rank=0, device=torch.device("cpu"),
+                          channels_last=True, **size)  # fmt: skip
+        ref = build_torchvision_loader(samples, train=False, batch_size=16, workers=0, seed=0,
+                                       rank=0, world=1, device=torch.device("cpu"),
+                                       dtype=torch.float32, channels_last=True, **size)  # fmt: skip
+        return epoch(dali)[0][0].float(), next(iter(ref))[0]
+
+    default, default_ref = batches(image_size=40, resize=None)  # shorter side 46, crop 40
+    tight, tight_ref = batches(image_size=40, resize=40)  # the whole shorter side
+    assert default.shape == default_ref.shape == tight.shape == (16, 3, 40, 40)
+    for a, b in ((default, tight), (default_ref, tight_ref)):
+        assert (a - b).abs().mean() > 0.1  # another resize, another view of each image
+    # the two loaders show the same images (their resize filters differ pixel by pixel)
+    assert abs(default.mean() - default_ref.mean()) < 0.05
+    assert abs(tight.mean() - tight_ref.mean()) < 0.05

@@ -236,6 +236,51 @@ def test_two_process_run_checkpoints_once_and_resumes_on_one(tiny_data, tmp_path
     assert "step 9 becomes step 18" in text and last_checkpoint(half)["step"] == 20
 
 
+def two_nodes(port: int, *argv: str) -> list[subprocess.CompletedProcess]:
+    """The README's multi-node command, run as two nodes on this machine: two torchrun agents
+    meeting at a c10d rendezvous, one training process each."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+           "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+           f"fasttrain-{port}", "-m", "fasttrain", *map(str, argv)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.slow
+def test_two_nodes_through_torchruns_rendezvous_train_checkpoint_and_resume(tiny_data, tmp_path):
+    """Two "nodes" (torchrun --nnodes 2 with c10d) train 4 steps, checkpoint, and resume with
+    --resume auto to step 8: the weights equal one node's two processes on the same global
+    batch, uninterrupted, bit for bit (the BN running statistics, averaged over the ranks at
+    each checkpoint, to rounding)."""
+    common = ["--data", tiny_data, *FAST, "--batch-size", "8", "--eval-every", "0"]
+    out = tmp_path / "nodes"
+    for extra in (["--max-steps", "4"], ["--max-steps", "8", "--resume", "auto"]):
+        runs = two_nodes(free_port(), *common, *extra, "--output-dir", out)
+        assert [r.returncode for r in runs] == [0, 0], (
+            runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+        )
+    log = (out / "log-rank0.txt").read_text()
+    assert "resumed from" in log and "8 per process x 2 processes" in log
+    one = tmp_path / "one"
+    r = launch("--nproc-per-node", "2", *common, "--max-steps", "8", "--output-dir", one)
+    assert r.returncode == 0, r.stderr[-3000:]
+    nodes, single = last_checkpoint(out), last_checkpoint(one)
+    assert nodes["step"] == single["step"] == 8
+    for k, v in single["model"].items():
+        if "running_" in k:  # averaged over ranks at step 4 too: the same EMA, other roundings
+            torch.testing.assert_close(nodes["model"][k], v, rtol=1e-5, atol=1e-7, msg=k)
+        else:  # weights: bit for bit
+            assert torch.equal(nodes["model"][k], v), k
+
+
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_run_with_an_error_not_a_hang(tiny_data, tmp_path):
     """SIGKILL one of two ranks mid-run: the launch exits non-zero within the timeout, saying a

@@ -59,6 +59,8 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
     assert val[-1]["top1"] > 45.0, val
     # run directory: resolved config, per-rank log, TensorBoard scalars, checkpoints, summary
     assert (out / "config.yaml").is_file() and (out / "log-rank0.txt").is_file()
+    # the LR the run uses, and how it follows from --lr
+    assert "peak LR 0.1 (--lr 1.6 x global batch 16 / 256)" in (out / "log-rank0.txt").read_text()
     tb = EventAccumulator(str(out / "tb"))
     tb.Reload()
     tags = set(tb.Tags()["scalars"])
@@ -417,3 +419,28 @@ def test_cudnn_autotuning_is_off_only_under_dataparallel(strategy, autotune, mon
     finally:
         torch.set_float32_matmul_precision(precision)  # the rest of the CPU tests stay fp32
     assert torch.backends.cudnn.benchmark is autotune
+
+
+def test_deterministic_runs_repeat_bit_for_bit_and_say_so(run, tiny_data, tmp_path):
+    """--deterministic sets torch's deterministic switches (and says so in the log); two runs
+    with it end with the same weights, bit for bit."""
+    try:
+        states = []
+        for name in ("a", "b"):
+            out = tmp_path / name
+            code, err = run("--data", tiny_data, *FAST, "--max-steps", "4", "--eval-every", "0",
+                            "--deterministic", "--output-dir", out)  # fmt: skip
+            assert code == 0, err
+            assert torch.are_deterministic_algorithms_enabled()
+            assert (
+                "--deterministic: deterministic algorithms" in (out / "log-rank0.txt").read_text()
+            )
+            states.append(params(out)["model"])
+        for k, v in states[0].items():
+            assert torch.equal(v, states[1][k]), k
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        from torch._inductor import config as inductor_config
+
+        inductor_config.deterministic = False

@@ -130,7 +130,7 @@ def build_data(
             **common,
         )
         train = DaliLoader(ds.train, train=True, buffers=accum_steps, state=loader_state, **dali)
-        val = DaliLoader(ds.val, train=False, **dali)
+        val = DaliLoader(ds.val, train=False, **{**dali, **_val_sizes(cfg)})
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
             f"{cfg.dali_threads} threads, {cfg.dali_prefetch} batches ahead)"
@@ -138,7 +138,7 @@ def build_data(
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
         train = build_torchvision_loader(ds.train, train=True, **tv)
-        val = build_torchvision_loader(ds.val, train=False, **tv)
+        val = build_torchvision_loader(ds.val, train=False, **{**tv, **_val_sizes(cfg)})
         how = f"torchvision loader with {cfg.workers} workers"
     return Data(
         train,
@@ -147,4 +147,62 @@ def build_data(
         f"{cfg.path}: {len(ds.train):,} train / {len(ds.val):,} val images, "
         f"{classes} classes, {how}"
         + (f"; leaving out the {len(exclude)} files in {cfg.exclude_list}" if exclude else ""),
+    )
+
+
+def _val_sizes(cfg: DataConfig) -> dict:
+    """A val loader's crop (``image_size``) and resize, from --val-crop-size and
+    --val-resize-size."""
+    return {"image_size": cfg.val_crop_size or cfg.image_size, "resize": cfg.val_resize_size}
+
+
+def build_eval_data(
+    cfg: DataConfig,
+    *,
+    batch_size: int,
+    dist: DistState,
+    dtype: torch.dtype,
+    channels_last: bool,
+) -> tuple[Loader, int, str]:
+    """The val loader alone, for ``evaluate``: ``--data``'s val/ (or the folder itself, see
+    ``scan_eval_folder``) through the loader ``cfg.loader`` names. Returns the loader, the
+    class count and a description."""
+    from fasttrain.data.folder import scan_eval_folder
+    from fasttrain.data.torchvision import build_torchvision_loader
+
+    if cfg.loader == "synthetic":
+        raise UserError("--loader synthetic has no val images to evaluate; give --data")
+    assert cfg.path is not None, "resolve() fills data.path"
+    ds = scan_eval_folder(cfg.path)
+    common = dict(
+        **_val_sizes(cfg),
+        batch_size=batch_size,
+        seed=0,
+        rank=dist.rank,
+        world=dist.world_size,
+        device=dist.device,
+        channels_last=channels_last,
+    )
+    if cfg.loader == "dali":
+        from fasttrain.data.dali import DaliLoader
+
+        val = DaliLoader(
+            ds.val,
+            train=False,
+            threads=cfg.dali_threads,
+            hw_decoder_load=cfg.dali_hw_decoder_load,
+            prefetch=cfg.dali_prefetch,
+            local_rank=dist.local_rank,
+            **common,
+        )
+        how = "DALI loader"
+    else:
+        val = build_torchvision_loader(
+            ds.val, train=False, workers=cfg.workers, dtype=dtype, **common
+        )
+        how = f"torchvision loader with {cfg.workers} workers"
+    return (
+        val,
+        len(ds.classes),
+        f"{ds.root}: {len(ds.val):,} images, {len(ds.classes)} classes, {how}",
     )

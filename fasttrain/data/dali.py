@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD
+from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD, val_resize
 from fasttrain.errors import RuntimeFault, UserError
 from fasttrain.profiling import span
 
@@ -161,12 +161,12 @@ def _pipelines():
         return images, (label.gpu() if gpu else label)
 
     @pipeline_def(enable_checkpointing=True)
-    def val_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+    def val_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load, resize):
         jpegs, label = reader(files, labels, shard_id, num_shards, stick_to_shard=True)
         images = fn.decoders.image(
             jpegs, output_type=types.RGB, **decoder_args(gpu, hw_decoder_load)
         )
-        images = fn.resize(images, resize_shorter=round(image_size / 0.875))
+        images = fn.resize(images, resize_shorter=resize)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT16,
@@ -213,10 +213,12 @@ class DaliLoader:
         buffers: int = 1,
         state: dict[str, Any] | None = None,
         prefetch: int = 4,
+        resize: int | None = None,
     ):
-        """``buffers``: how many batches the caller holds at once (``--accum-steps``); each gets
-        its own fixed buffer, reused round-robin. ``state``: from ``state_dict()``, to resume.
-        ``prefetch``: DALI's prefetch queue depth."""
+        """``image_size``: the train crop, or val's center crop. ``buffers``: how many batches
+        the caller holds at once (``--accum-steps``); each gets its own fixed buffer, reused
+        round-robin. ``state``: from ``state_dict()``, to resume. ``prefetch``: DALI's prefetch
+        queue depth. ``resize``: val's shorter side before the crop (default crop / 0.875)."""
         require_dali()
         if state is not None and len(state["dali"]) != 1:
             state = None  # saved by 0.1.0 with several pipelines: take up the epoch afresh
@@ -231,6 +233,7 @@ class DaliLoader:
         files = [samples[i][0] for i in order]
         labels = [samples[i][1] for i in order]
         train_pipeline, val_pipeline = _pipelines()
+        val_args = () if train else (resize or val_resize(image_size),)
         self.pipe = (train_pipeline if train else val_pipeline)(
             files,
             labels,
@@ -239,6 +242,7 @@ class DaliLoader:
             image_size,
             gpu,
             hw_decoder_load,
+            *val_args,
             batch_size=batch_size,
             num_threads=threads,
             device_id=local_rank if gpu else None,

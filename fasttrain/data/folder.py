@@ -113,3 +113,27 @@ def scan_folder(root: str | Path, exclude: set[str] | None = None) -> FolderData
     if not val:
         raise UserError(f"--data {root}/val: no class folders with images")
     return FolderDataset(root, classes, train, val)
+
+
+def scan_eval_folder(root: str | Path, exclude: set[str] | None = None) -> FolderDataset:
+    """What ``evaluate`` reads: ``root/val`` with the class list of ``root/train`` (the layout
+    training uses), or, without ``train/``, ``root``'s own class folders, in sorted order as
+    torchvision's ImageFolder numbers them. The samples are the dataset's ``val``."""
+    root = Path(root)
+    if (root / "train").is_dir():
+        return scan_folder(root, exclude)
+    if not root.is_dir():
+        raise UserError(f"--data {root}: no such directory")
+    classes = sorted(e.name for e in _list(root, "dir") if e.name != "val")
+    if (root / "val").is_dir() and not classes:
+        classes = sorted(e.name for e in _list(root / "val", "dir"))
+        root = root / "val"
+    if not classes:
+        raise UserError(
+            f"--data {root}: no class folders; give a dataset root with val/ (and train/), or "
+            "a folder of <class>/<image> folders"
+        )
+    val = _scan_split(root, classes, exclude or set())
+    if not val:
+        raise UserError(f"--data {root}: no images in its class folders")
+    return FolderDataset(root, classes, [], val)

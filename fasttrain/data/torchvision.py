@@ -32,6 +32,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _SUBSTITUTE_STRIDE = 7919  # a prime: a bad train image is replaced by one far from it
 
 
+def val_resize(crop: int) -> int:
+    """The shorter side val images are resized to before a ``crop`` center crop: crop / 0.875,
+    the ImageNet references' ratio (224 -> 256)."""
+    return round(crop / 0.875)
+
+
 def random_resized_crop_params(
     rng: random.Random, width: int, height: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
 ) -> tuple[int, int, int, int]:
@@ -76,11 +82,19 @@ class ImageFolderDataset(Dataset):
     count it and warn.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], train: bool, image_size: int, seed: int):
+    def __init__(
+        self,
+        samples: list[tuple[str, int]],
+        train: bool,
+        image_size: int,
+        seed: int,
+        resize: int | None = None,
+    ):
         self.samples = samples
         self.train = train
         self.image_size = image_size
-        self.resize = round(image_size / 0.875)  # 224 -> 256, as in the ImageNet references
+        # val: the shorter side before the center crop; 224 -> 256, as in the ImageNet references
+        self.resize = resize or val_resize(image_size)
         self.seed = seed
 
     def __len__(self) -> int:
@@ -287,8 +301,11 @@ def build_torchvision_loader(
     dtype: torch.dtype,
     channels_last: bool,
     triton_normalize: bool = False,
+    resize: int | None = None,
 ) -> DeviceLoader:
-    dataset = ImageFolderDataset(samples, train, image_size, seed)
+    """``image_size``: the train crop, or val's center crop; ``resize``: val's shorter side
+    before it (default ``val_resize(image_size)``)."""
+    dataset = ImageFolderDataset(samples, train, image_size, seed, resize)
     sampler: TrainSampler | ValSampler
     if train:
         sampler = TrainSampler(len(samples), rank, world, seed, batch_size)
