@@ -133,8 +133,13 @@ def export(argv: Sequence[str]) -> int:
     )
     p.add_argument("checkpoint", help="a fasttrain checkpoint (ckpt-*.pt) or any state dict file")
     p.add_argument("out", help="where to write the weights (.pt, .pth or .safetensors)")
+    p.add_argument(
+        "--ema",
+        action="store_true",
+        help="write the checkpoint's moving average of the weights (a --model-ema run's)",
+    )
     args = p.parse_args(argv)
-    state = read_state_dict(args.checkpoint, flag="export")
+    state = read_state_dict(args.checkpoint, flag="export", key="model_ema" if args.ema else None)
     out = export_state_dict(state, args.out)
     say(f"wrote {len(state)} tensors of {args.checkpoint} to {out}")
     return 0

@@ -17,6 +17,7 @@ from torch import nn
 from fasttrain.config import Config
 from fasttrain.data import Data, build_data
 from fasttrain.distributed import DistState
+from fasttrain.ema import ModelEma
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.model import build_configured_model
@@ -40,6 +41,7 @@ class Training:
     criterion: nn.Module
     scaler: torch.amp.GradScaler | None
     step: TrainStep
+    ema: ModelEma | None = None  # --model-ema: the average of ``model``'s weights
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Built:
     global_batch: int  # images per optimizer step over every GPU and micro-batch
     gpus: int
     steps_per_epoch: int
+    ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
 
 
 def amp_dtype(cfg: Config) -> torch.dtype | None:
@@ -91,6 +94,11 @@ def build_training(
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton=triton_sgd)
     criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
     compiled = t.compile if compile is None else compile
+    ema = (
+        ModelEma(model, t.model_ema_decay, t.model_ema_steps, t.model_ema_warmup)
+        if t.model_ema
+        else None
+    )
     step = build_step(
         model=net,
         optimizer=optimizer,
@@ -103,8 +111,10 @@ def build_training(
         cuda_graphs=t.cuda_graphs,
         fixed_inputs=fixed_inputs,
         side_stream=wrapped.side_stream if wrapped else None,
+        clip_grad_norm=cfg.optim.clip_grad_norm,
+        ema=ema,
     )
-    return Training(model, net, schedule, optimizer, criterion, scaler, step)
+    return Training(model, net, schedule, optimizer, criterion, scaler, step, ema)
 
 
 def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
@@ -142,16 +152,24 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         steps_per_epoch=steps_per_epoch,
         fixed_inputs=data.train.fixed_buffers,
     )
-    evaluator = None
+    evaluator = ema_evaluator = None
     if data.val is not None and cfg.run.eval_every > 0:
-        evaluator = Evaluator(
-            training.model,
-            amp_dtype(cfg),
-            t.compile,
-            loader_batch,
-            compile_options=compile_options(cfg) if t.compile else None,
-            cuda_graphs=t.cuda_graphs,
-            dist=dist,
-        )
+
+        def evaluator_of(model: nn.Module) -> Evaluator:
+            return Evaluator(
+                model,
+                amp_dtype(cfg),
+                t.compile,
+                loader_batch,
+                compile_options=compile_options(cfg) if t.compile else None,
+                cuda_graphs=t.cuda_graphs,
+                dist=dist,
+            )
+
+        evaluator = evaluator_of(training.model)
+        if training.ema is not None:
+            ema_evaluator = evaluator_of(training.ema.module)
     gpus = dist.world_size * replicas
-    return Built(data, training, evaluator, loader_batch, global_batch, gpus, steps_per_epoch)
+    return Built(
+        data, training, evaluator, loader_batch, global_batch, gpus, steps_per_epoch, ema_evaluator
+    )

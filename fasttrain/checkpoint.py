@@ -249,6 +249,7 @@ def train_state(
     epoch, in_epoch = divmod(step, steps_per_epoch)
     return {
         "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
+        "model_ema": training.ema.state_dict() if training.ema is not None else None,
         "optimizer": _optimizer_state(training.optimizer),
         "scaler": training.scaler.state_dict() if training.scaler is not None else None,
         "step": step,
@@ -343,6 +344,12 @@ def resume(
             f"{training.model.fc.out_features} classes): {first.rstrip('.')}; resume with the "
             "checkpoint's --arch and --num-classes, or start without --resume"
         ) from None
+    if training.ema is not None:
+        if state.get("model_ema") is not None:
+            training.ema.load_state_dict(state["model_ema"])
+        else:
+            training.ema.load_state_dict(state["model"])
+            log.info("--model-ema: %s holds no average; it starts from the model's weights", path)
     training.optimizer.load_state_dict(state["optimizer"])
     if training.scaler is not None and state.get("scaler") is not None:
         training.scaler.load_state_dict(state["scaler"])

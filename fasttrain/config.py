@@ -211,8 +211,10 @@ class OptimConfig:
     lr_schedule: str = option(
         "step",
         "--lr-schedule",
-        "LR decay after warmup, applied per step",
-        choices=("step", "cosine"),
+        "LR decay after warmup, applied per step: step (x --lr-gamma every --lr-step-epochs), "
+        "cosine or poly (to zero at the end of --epochs; poly as (1 - progress) ** --lr-power, "
+        "MLPerf's ResNet-50 schedule)",
+        choices=("step", "cosine", "poly"),
         aliases=("--lr-scheduler", "--sched"),
         synonyms=(("steplr", "step"), ("cosineannealinglr", "cosine")),
     )
@@ -226,6 +228,18 @@ class OptimConfig:
     lr_gamma: float = option(
         0.1, "--lr-gamma", "with --lr-schedule step: the decay factor", minimum=0
     )
+    clip_grad_norm: float | None = option(
+        None,
+        "--clip-grad-norm",
+        "clip the gradients' total L2 norm to this before each update, on the device (fp16's "
+        "scaled gradients are unscaled first); none: no clipping",
+        minimum=0,
+        nullable=True,
+        aliases=("--clip-grad",),
+    )
+    lr_power: float = option(
+        2.0, "--lr-power", "with --lr-schedule poly: the decay's power (MLPerf: 2)", minimum=0
+    )
     label_smoothing: float = option(
         0.0,
         "--label-smoothing",
@@ -238,7 +252,8 @@ class OptimConfig:
         "sgd",
         "--opt",
         "optimizer: sgd (momentum, weight decay) or lars (layer-wise trust ratios for large "
-        "global batches, as MLPerf's ResNet-50; a Triton kernel, so a GPU is needed)",
+        "global batches, as MLPerf's ResNet-50: a Triton kernel over flat buffers on one GPU "
+        "process, torch's foreach ops on the CPU and under DDP)",
         choices=("sgd", "lars"),
     )
     lars_eta: float = option(0.001, "--lars-eta", "LARS trust coefficient", minimum=0)
@@ -371,6 +386,29 @@ class TrainConfig:
         choices=("stop", "skip"),
     )
     device: str = option("auto", "--device", "device to train on", choices=("auto", "cuda", "cpu"))
+    model_ema: bool = option(
+        False,
+        "--model-ema",
+        "keep an exponential moving average of the weights, updated on the device after each "
+        "optimizer step (inside the CUDA graph); it is evaluated beside the model (ema_top1) "
+        "and checkpointed, and `export --ema` writes it",
+    )
+    model_ema_decay: float = option(
+        0.9998,
+        "--model-ema-decay",
+        "--model-ema: the average's decay per update",
+        minimum=0,
+        maximum=1,
+    )
+    model_ema_steps: int = option(
+        1, "--model-ema-steps", "--model-ema: optimizer steps between updates", minimum=1
+    )
+    model_ema_warmup: bool = option(
+        False,
+        "--model-ema-warmup",
+        "--model-ema: timm's warm-up, decay = min(decay, (1 + n) / (10 + n)) after n updates, "
+        "so the first weights do not linger",
+    )
     deterministic: bool = option(
         False,
         "--deterministic",

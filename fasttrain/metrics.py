@@ -358,14 +358,21 @@ class Metrics:
         )
 
     def log_eval(self, step: int, epoch: int, result: dict[str, float]) -> None:
+        """An evaluation's figures; with --model-ema, the average's too (``ema_top1/5``)."""
         record = {"kind": "val", "step": step, "epoch": epoch, **result}
-        self._emit(record, {"val/top1": result["top1"], "val/top5": result["top5"]}, step)
+        scalars = {"val/top1": result["top1"], "val/top5": result["top5"]}
+        ema = ""
+        if "ema_top1" in result:
+            scalars.update({"val/ema_top1": result["ema_top1"], "val/ema_top5": result["ema_top5"]})
+            ema = f" | EMA top1 {result['ema_top1']:.2f}% top5 {result['ema_top5']:.2f}%"
+        self._emit(record, scalars, step)
         log.info(
-            "epoch %d val: top1 %.2f%% top5 %.2f%% over %d images",
+            "epoch %d val: top1 %.2f%% top5 %.2f%% over %d images%s",
             epoch,
             result["top1"],
             result["top5"],
             result["images"],
+            ema,
         )
 
     def steady_rate(self) -> float | None:

@@ -28,18 +28,22 @@ class Schedule:
     steps_per_epoch: int
     total_steps: int  # over all --epochs, whatever --max-steps says
     warmup_steps: int
-    kind: str  # "step" | "cosine"
+    kind: str  # "step" | "cosine" | "poly"
     step_epochs: int
     gamma: float
+    power: float = 2.0  # "poly": the decay's power
 
     def lr_at(self, step: int) -> float:
-        """The LR of optimizer step ``step`` (0-based): linear warmup, then step or cosine decay."""
+        """The LR of optimizer step ``step`` (0-based): linear warmup, then step, cosine or
+        polynomial decay (to zero at the last step of --epochs)."""
         if step < self.warmup_steps:
             return self.peak_lr * (step + 1) / self.warmup_steps
         if self.kind == "step":
             return self.peak_lr * self.gamma ** ((step // self.steps_per_epoch) // self.step_epochs)
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
+        if self.kind == "poly":
+            return self.peak_lr * (1 - progress) ** self.power
         return 0.5 * self.peak_lr * (1 + math.cos(math.pi * progress))
 
     def lr_tensor(self, step: torch.Tensor) -> torch.Tensor:
@@ -52,7 +56,10 @@ class Schedule:
         else:
             span = max(1, self.total_steps - self.warmup_steps)
             progress = ((s - self.warmup_steps) / span).clamp(max=1.0)
-            after = 0.5 * self.peak_lr * (1 + torch.cos(math.pi * progress))
+            if self.kind == "poly":
+                after = self.peak_lr * (1 - progress).clamp(min=0) ** self.power
+            else:
+                after = 0.5 * self.peak_lr * (1 + torch.cos(math.pi * progress))
         return torch.where(step < self.warmup_steps, warm, after).to(torch.float32)
 
 
@@ -67,6 +74,7 @@ def build_schedule(
         kind=cfg.lr_schedule,
         step_epochs=cfg.lr_step_epochs,
         gamma=cfg.lr_gamma,
+        power=cfg.lr_power,
     )
 
 
@@ -77,24 +85,24 @@ class InPlaceGradients(torch.optim.Optimizer):
     (``kernels/sgd.py``) is one."""
 
 
-def flat_gradients(cfg: OptimConfig, triton: bool = False) -> bool:
-    """Whether ``build_optimizer`` builds fasttrain's Triton SGD / LARS (an
-    ``InPlaceGradients``) for these settings."""
-    return triton or cfg.opt == "lars"
-
-
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, initial_lr: float, triton: bool = False
 ) -> torch.optim.Optimizer:
-    """torch's fused SGD, or fasttrain's Triton SGD / LARS over flat buffers (``triton`` or
-    ``--opt lars``): the same update rule for SGD, held together by tests/test_kernels.py."""
+    """``--opt sgd``: torch's fused SGD, or with ``triton`` fasttrain's Triton SGD over flat
+    buffers. ``--opt lars``: with ``triton`` the Triton kernel (one GPU process), else the
+    foreach form (``lars.Lars``: the CPU, DDP). The pairs hold the same update rule
+    (tests/test_kernels.py)."""
     groups = param_groups(model, cfg.weight_decay, cfg.bn_weight_decay)
-    if flat_gradients(cfg, triton):
+    if triton:
         from fasttrain.kernels.sgd import FusedSGD
 
         return FusedSGD(
             groups, lr=initial_lr, momentum=cfg.momentum, lars=cfg.opt == "lars", eta=cfg.lars_eta
         )
+    if cfg.opt == "lars":
+        from fasttrain.lars import Lars
+
+        return Lars(groups, lr=initial_lr, momentum=cfg.momentum, eta=cfg.lars_eta)
     return torch.optim.SGD(groups, lr=initial_lr, momentum=cfg.momentum, fused=True)
 
 

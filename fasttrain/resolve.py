@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
+from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, OptimConfig, TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.paths import found_exclude_list
 
@@ -92,6 +92,7 @@ def resolve(
         found = found_exclude_list(d.path)
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
+    _schedule_notes(cfg, notes)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
     _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks
     r = cfg.run
@@ -182,6 +183,30 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
             "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
             "or default with --cuda-graphs"
         )
+
+
+def _schedule_notes(cfg: Config, notes: list[str]) -> None:
+    """A schedule's own settings given with another schedule, and the average's without
+    --model-ema, are named, not silently unused."""
+    o, default = cfg.optim, OptimConfig()
+    own = {"step": ("lr_step_epochs", "lr_gamma"), "poly": ("lr_power",)}
+    unused = [
+        OPTION_BY_KEY[f"optim.{k}"].flag
+        for kind, keys in own.items()
+        if o.lr_schedule != kind
+        for k in keys
+        if getattr(o, k) != getattr(default, k)
+    ]
+    if unused:
+        notes.append(f"{', '.join(unused)}: unused with --lr-schedule {o.lr_schedule}")
+    t, train_default = cfg.train, TrainConfig()
+    ema = [
+        OPTION_BY_KEY[f"train.{k}"].flag
+        for k in ("model_ema_decay", "model_ema_steps", "model_ema_warmup")
+        if getattr(t, k) != getattr(train_default, k)
+    ]
+    if ema and not t.model_ema:
+        notes.append(f"{', '.join(ema)}: unused without --model-ema")
 
 
 def _resolve_test_only(cfg: Config) -> None:
@@ -286,6 +311,8 @@ def _resolve_kernels(cfg: Config) -> None:
         picked = {
             "normalize": gpu and cfg.data.loader == "torchvision",
             "maxpool": gpu and cfg.model.channels_last,  # its tiles read channels contiguously
+            # LARS: one launch over flat buffers, where no DDP bucket needs the gradients
+            "sgd": gpu and cfg.optim.opt == "lars" and t.strategy == "none",
         }
         kernels = {k for k, on in picked.items() if on}
     else:
@@ -299,12 +326,11 @@ def _resolve_kernels(cfg: Config) -> None:
                 f"--triton-kernels normalize is the torchvision loader's; --loader "
                 f"{cfg.data.loader} does not use it"
             )
-    if cfg.optim.opt == "lars" and not gpu:
-        raise UserError("--opt lars runs Triton kernels, which need a CUDA GPU; leave it out here")
-    if ("sgd" in kernels or cfg.optim.opt == "lars") and t.strategy in ("ddp", "dp"):
+    if "sgd" in kernels and t.strategy in ("ddp", "dp"):
         raise UserError(
-            f"--triton-kernels sgd / --opt lars keep gradients in one flat buffer, which "
-            f"--strategy {t.strategy} replaces with its own; leave them out with several GPUs"
+            f"--triton-kernels sgd keeps gradients in one flat buffer, which --strategy "
+            f"{t.strategy} replaces with its own; leave it out with several GPUs (--opt lars "
+            "then runs in torch's foreach ops)"
         )
     t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from fasttrain.ema import ModelEma
 from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
 from fasttrain.optim import InPlaceGradients, Schedule, set_lr
@@ -62,8 +63,12 @@ class EagerStep:
         amp_dtype: torch.dtype | None,
         scaler: torch.amp.GradScaler | None,
         schedule: Schedule,
+        clip_grad_norm: float | None = None,
+        ema: ModelEma | None = None,
     ):
         self.model = model
+        self.clip_grad_norm = clip_grad_norm
+        self.ema = ema
         self.optimizer = optimizer
         self.criterion = criterion
         self.amp_dtype = amp_dtype
@@ -102,11 +107,22 @@ class EagerStep:
             loss.backward()
 
     def _optimizer_step(self) -> None:
+        if self.clip_grad_norm is not None:
+            self._clip_gradients(self.clip_grad_norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Scale the gradients so their total L2 norm is at most ``max_norm``: device ops only
+        (the norm is never read on the host), so a graph captures it. fp16's scaled gradients
+        are unscaled first; GradScaler then tells the optimizer they are."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=True)
 
     def _micro_steps(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """Forward and backward of every micro-batch, gradients summed; metrics on the device."""
@@ -120,6 +136,8 @@ class EagerStep:
         self._micro_steps(batches, meter)
         with span("fasttrain.optimizer"):
             self._optimizer_step()
+            if self.ema is not None:
+                self.ema.update(step)
         meter.samples += images_in(batches)
         # set to None: backward then hands over fresh gradients instead of adding into zeroed ones,
         # one kernel fewer per parameter
@@ -196,6 +214,8 @@ class GraphedStep:
             self.base.optimizer.zero_grad()  # flat gradients never go None: zero them in the graph
         self.base._micro_steps(batches, meter)
         self.base._optimizer_step()
+        if self.base.ema is not None:  # the average follows in the graph, from the device step
+            self.base.ema.update(self.step_t)
         self.step_t += 1
 
     def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
@@ -299,10 +319,12 @@ def build_step(
     cuda_graphs: bool = False,
     fixed_inputs: bool = False,
     side_stream: torch.cuda.Stream | None = None,
+    clip_grad_norm: float | None = None,
+    ema: ModelEma | None = None,
 ) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
     step (``Loader.fixed_buffers``), so a graph can read them in place."""
-    args = (model, optimizer, criterion, amp_dtype, scaler, schedule)
+    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, clip_grad_norm, ema)
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
     if cuda_graphs:
         return GraphedStep(base, fixed_inputs=fixed_inputs, side_stream=side_stream)

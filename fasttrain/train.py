@@ -191,12 +191,17 @@ class Trainer:
         checkpoint both want it)."""
         if self.bn_averaged_step != self.step:
             average_bn_statistics(self.training.model, self.dist)
+            if self.training.ema is not None:  # its buffers are the rank's own model's
+                average_bn_statistics(self.training.ema.module, self.dist)
             self.bn_averaged_step = self.step
 
     def evaluate(self, epoch: int) -> None:
         self.agree_on_bn_statistics()
         with span("fasttrain.eval"):
             self.last_eval = self.built.evaluator(self.built.data.val)
+            if self.built.ema_evaluator is not None:  # the average, on the same images
+                ema = self.built.ema_evaluator(self.built.data.val)
+                self.last_eval.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
         self.eval_step = self.step
         self.metrics.log_eval(self.step, epoch, self.last_eval)
         self.metrics.restart_interval()

@@ -45,9 +45,12 @@ def _is_state_dict(obj: Any) -> bool:
     )
 
 
-def read_state_dict(path: str | Path, flag: str = "--weights") -> dict[str, Tensor]:
+def read_state_dict(
+    path: str | Path, flag: str = "--weights", key: str | None = None
+) -> dict[str, Tensor]:
     """The state dict a weights file holds (module notes), on the CPU; a file that is not one is
-    a one-line error naming ``flag``."""
+    a one-line error naming ``flag``. ``key``: take the checkpoint's state under that key
+    instead (``model_ema``: a --model-ema run's average)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file")
@@ -59,6 +62,11 @@ def read_state_dict(path: str | Path, flag: str = "--weights") -> dict[str, Tens
             f"{flag} {path}: torch.load cannot read it as weights ({first}); give a state dict "
             "saved with torch.save, or a checkpoint holding one"
         ) from None
+    if key is not None:
+        if not (isinstance(obj, Mapping) and _is_state_dict(obj.get(key))):
+            what = "EMA weights (train with --model-ema)" if key == "model_ema" else repr(key)
+            raise UserError(f"{flag} {path}: the file holds no {what}")
+        obj = obj[key]
     if isinstance(obj, Mapping) and not _is_state_dict(obj):
         obj = next((obj[k] for k in CONTAINER_KEYS if _is_state_dict(obj.get(k))), obj)
     if not _is_state_dict(obj):

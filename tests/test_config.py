@@ -345,7 +345,6 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
     for flags, cuda, message in [
         (["--triton-kernels", "softmax"], True, "unknown softmax"),
         (["--triton-kernels", "xent"], False, "need a CUDA GPU"),
-        (["--opt", "lars"], False, "--opt lars runs Triton kernels"),
         (["--triton-kernels", "normalize", "--loader", "dali"], True, "torchvision loader's"),
     ]:
         with pytest.raises(UserError, match=message):
@@ -363,6 +362,9 @@ def test_triton_kernels_are_named_checked_and_need_a_gpu():
         (["--loader", "torchvision"], True, 2, "normalize,maxpool"),  # DDP owns the gradients
         (["--loader", "torchvision"], False, 1, "none"),  # the CPU: no Triton
         (["--triton-kernels", "xent", "--loader", "dali"], True, 2, "xent"),  # as asked
+        (["--loader", "dali", "--opt", "lars"], True, 1, "sgd,maxpool"),  # LARS: flat buffers
+        (["--loader", "dali", "--opt", "lars"], True, 2, "maxpool"),  # DDP: foreach LARS
+        (["--opt", "lars"], False, 1, "none"),  # the CPU: foreach LARS
     ],
 )
 def test_auto_kernels_are_the_measured_faster_ones_where_they_apply(flags, cuda, world, expected):
@@ -487,3 +489,19 @@ def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
     monkeypatch.setattr(cudnn_conv_bn, "available", lambda: True)
     with pytest.raises(UserError, match=r"atomic adds .* leave out --deterministic or --fused-bn"):
         resolved(["--data", "/d", "--fused-bn", "--deterministic"])
+
+
+def test_a_schedules_own_settings_with_another_schedule_are_named():
+    notes = []
+    resolved(["--data", "/d", "--lr-schedule", "cosine", "--lr-gamma", "0.5", "--lr-power", "3"],
+             notes=notes)  # fmt: skip
+    assert "--lr-gamma, --lr-power: unused with --lr-schedule cosine" in notes
+    notes = []
+    resolved(["--data", "/d", "--lr-schedule", "poly", "--lr-power", "3"], notes=notes)
+    assert notes == []
+
+
+def test_model_ema_settings_without_model_ema_are_named():
+    notes = []
+    resolved(["--data", "/d", "--model-ema-decay", "0.99"], notes=notes)
+    assert "--model-ema-decay: unused without --model-ema" in notes

@@ -341,3 +341,17 @@ def test_a_killed_rank_ends_the_run_with_an_error_not_a_hang(tiny_data, tmp_path
     assert code != 0 and time.monotonic() - t < 60
     assert "a training process failed" in err
     assert last_checkpoint(out)["step"] >= 3  # written before the kill, and loadable
+
+
+@pytest.mark.slow
+def test_lars_trains_under_ddp_on_the_cpu(tiny_data, tmp_path):
+    """--opt lars in torch's foreach ops: two gloo processes train with DDP's buckets, and the
+    two ranks hold the same weights (one checkpoint, written after both stepped alike)."""
+    out = tmp_path / "lars"
+    r = launch("--nproc-per-node", "2", "--data", tiny_data, *FAST, "--batch-size", "8",
+               "--opt", "lars", "--max-steps", "6", "--eval-every", "0", "--log-every", "2",
+               "--output-dir", out)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and all(v == v for v in losses)
+    assert last_checkpoint(out)["step"] == 6

@@ -9,6 +9,7 @@ from torch import nn
 
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
+from fasttrain.ema import ModelEma
 from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.model import build_model
@@ -53,6 +54,8 @@ def make(
     fixed_inputs: bool = False,
     triton: bool = False,
     maxpool: bool = False,
+    clip: float | None = None,
+    ema: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
     fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem."""
@@ -72,6 +75,8 @@ def make(
         compile="compiled" in kind,
         cuda_graphs="graph" in kind,
         fixed_inputs=fixed_inputs,
+        clip_grad_norm=clip,
+        ema=ModelEma(model, 0.9, every=2, warmup=True) if ema else None,
     )
     return model, step
 
@@ -218,6 +223,34 @@ def test_fp16_grad_scaler_is_captured(triton):
     assert step.graph is not None and not step.capture_failed
     assert losses == pytest.approx(ref_losses, rel=2e-2)
     assert step.base.scaler.get_scale() == ref_step.scaler.get_scale()
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gradient_clipping_is_captured_with_the_step(amp):
+    """--clip-grad-norm: the norm and the scaling stay on the device (fp16: after GradScaler's
+    unscale), so the step still captures, and follows its eager step."""
+    data = batches(12, dtype=amp)
+    ref_model, ref_step = make("eager", amp=amp, clip=0.5)
+    ref_losses = train(ref_step, data)
+    model, step = make("eager+graph", amp=amp, clip=0.5)
+    losses = train(step, data)
+    assert step.graph is not None and not step.capture_failed
+    assert losses == pytest.approx(ref_losses, rel=2e-2)
+    start = flat(make("eager")[0])
+    assert rel(flat(model) - start, flat(ref_model) - start) < 5e-2
+
+
+def test_model_ema_is_updated_inside_the_graph():
+    """--model-ema: the graphed step's average (decay, warm-up and every-N from the device
+    counter) follows the eager step's, whose update reads the step on the host."""
+    data = batches(12)
+    _ref_model, ref_step = make("eager", ema=True)
+    train(ref_step, data)
+    _model, step = make("eager+graph", ema=True)
+    train(step, data)
+    assert step.graph is not None and not step.capture_failed
+    start = flat(make("eager")[0])
+    assert rel(flat(step.base.ema.module) - start, flat(ref_step.ema.module) - start) < 5e-2
 
 
 class SyncingLoss(nn.CrossEntropyLoss):

@@ -168,9 +168,17 @@ def test_fused_sgd_through_the_trainers_step_matches_torch_sgd(accum):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_lars_matches_the_reference_rule():
+@pytest.mark.parametrize("impl", ["triton", "foreach"])
+def test_fused_lars_matches_the_reference_rule(impl):
+    """The Triton kernel and the foreach form (``fasttrain.lars``: the CPU's and DDP's) both
+    take the reference rule's steps, with a device LR."""
+    from fasttrain.lars import Lars
+
     ref, fused = _model(), _model()
-    opt = FusedSGD(_groups(fused), lr=0.1, momentum=0.9, lars=True, eta=0.02)
+    if impl == "triton":
+        opt = FusedSGD(_groups(fused), lr=0.1, momentum=0.9, lars=True, eta=0.02)
+    else:
+        opt = Lars(_groups(fused), lr=0.1, momentum=0.9, eta=0.02)
     groups = _groups(ref)
     bufs = {id(p): torch.zeros_like(p) for g in groups for p in g["params"]}
     g = torch.Generator().manual_seed(1)
@@ -217,6 +225,40 @@ def test_fused_sgd_resumes_from_a_torch_style_state_dict():
         buf = opt2.state[p]["momentum_buffer"]
         assert buf.untyped_storage().data_ptr() == opt2.flat_buf.untyped_storage().data_ptr()
     torch.testing.assert_close(opt2.flat_buf, opt.flat_buf)
+
+
+def test_foreach_lars_unscales_and_skips_from_grad_scaler_tensors():
+    """The foreach LARS under GradScaler: an unscaled step's update, and nothing changed by a
+    step whose gradients hold an inf (NaN momentum included)."""
+    from fasttrain.lars import Lars
+
+    ref, scaled = _model(), _model()
+    opt_ref = Lars(_groups(ref), lr=0.1, momentum=0.9, eta=0.02)
+    opt = Lars(_groups(scaled), lr=torch.tensor(0.1, device=DEV), momentum=0.9, eta=0.02)
+    scaler = torch.amp.GradScaler(DEV.type, init_scale=1024.0, growth_interval=1000)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = _image_batch(g), torch.randint(0, 7, (8,), generator=g).to(DEV)
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        scaler.scale(torch.nn.functional.cross_entropy(scaled(x), y)).backward()
+        opt_ref.step()
+        scaler.step(opt)
+        scaler.update()
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+        opt_ref.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
+    for p, q in zip(scaled.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    before = [p.clone() for p in scaled.parameters()]
+    bufs = [opt.state[p]["momentum_buffer"].clone() for p in scaled.parameters()]
+    scaler.scale(torch.nn.functional.cross_entropy(scaled(_image_batch(g)), y)).backward()
+    next(scaled.parameters()).grad[0].fill_(float("nan"))
+    scaler.step(opt)
+    scaler.update()
+    for p, before_p, before_b in zip(scaled.parameters(), before, bufs, strict=True):
+        assert torch.equal(p, before_p)
+        assert torch.equal(opt.state[p]["momentum_buffer"], before_b)
+    assert scaler.get_scale() == 512.0
 
 
 @pytest.mark.parametrize("lars", [False, True], ids=["sgd", "lars"])

@@ -43,6 +43,16 @@ def test_cosine_decays_to_zero_over_all_epochs():
     assert not any(math.isnan(x) for x in lrs)
 
 
+@pytest.mark.parametrize("power", [1.0, 2.0])
+def test_poly_decays_as_a_power_of_what_is_left(power):
+    s = schedule(lr_schedule="poly", lr_power=power)
+    assert s.lr_at(20) == pytest.approx(0.4)
+    left = lambda step: 1 - (step - 20) / (900 - 20)  # noqa: E731
+    for step in (100, 460, 800):
+        assert s.lr_at(step) == pytest.approx(0.4 * left(step) ** power)
+    assert s.lr_at(900) == 0.0
+
+
 def test_bn_parameters_can_be_exempt_from_weight_decay():
     model = build_model("resnet18", 10, channels_last=False, device=torch.device("cpu"))
     groups = param_groups(model, 1e-4, bn_weight_decay=False)
@@ -70,7 +80,7 @@ def test_zero_init_residual_starts_blocks_as_identity():
     assert torch.count_nonzero(off.layer1[0].bn3.weight) > 0
 
 
-@pytest.mark.parametrize("kind", ["step", "cosine"])
+@pytest.mark.parametrize("kind", ["step", "cosine", "poly"])
 @pytest.mark.parametrize("warmup", [0, 2.5])
 def test_device_lr_matches_the_host_schedule_at_every_step(kind, warmup):
     """The graphed step computes the LR on the device: it must be the host schedule's."""
@@ -108,3 +118,33 @@ def test_fused_sgd_with_a_tensor_lr_matches_foreach_sgd():
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert (model[0].weight - start).abs().max() > 1e-3  # the steps did move the weights
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e6])
+def test_clip_grad_norm_clips_the_total_norm_before_the_update(max_norm):
+    """The step's --clip-grad-norm against torch's clip_grad_norm_ written out by hand (and a
+    bound too large to clip, which must change nothing)."""
+    from fasttrain.metrics import DeviceMeter
+    from fasttrain.step import build_step
+    from tests.conftest import constant_lr
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    step = build_step(model=model, optimizer=opt, criterion=nn.CrossEntropyLoss(),
+                      amp_dtype=None, scaler=None, schedule=constant_lr(0.5), compile=False,
+                      clip_grad_norm=max_norm)  # fmt: skip
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    step([(x, y)], DeviceMeter(torch.device("cpu")), 0)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    grads = [p.grad for p in ref.parameters()]
+    total = torch.sqrt(sum((g * g).sum() for g in grads))
+    scale = min(1.0, max_norm / (float(total) + 1e-6))
+    if max_norm == 0.05:
+        assert scale < 0.5  # the bound is active
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.5 * scale * p.grad
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)

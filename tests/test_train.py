@@ -444,3 +444,15 @@ def test_deterministic_runs_repeat_bit_for_bit_and_say_so(run, tiny_data, tmp_pa
         from torch._inductor import config as inductor_config
 
         inductor_config.deterministic = False
+
+
+def test_lars_trains_on_the_cpu(run, tiny_data, tmp_path):
+    """--opt lars without a GPU runs the foreach form and learns (lower loss at the end)."""
+    out = tmp_path / "lars"
+    code, err = run("--data", tiny_data, *FAST, "--opt", "lars", "--lars-eta", "0.02", "--lr",
+                    "3.2", "--epochs", "3", "--log-every", "6", "--eval-every", "0",
+                    "--output-dir", out)  # fmt: skip
+    assert code == 0, err
+    losses = [r["loss"] for r in run.records(out, "train")]
+    assert sum(losses[-2:]) / 2 < 0.95 * sum(losses[:2]) / 2, losses
+    assert "sgd" not in (out / "config.yaml").read_text().split("triton_kernels:")[1].split("\n")[0]
