@@ -13,30 +13,9 @@ from common import make_step  # bench/common.py (pytest puts bench/ on sys.path 
 BATCH, BLOCK = 256, 25
 
 
-@pytest.mark.benchmark(group="step")
-@pytest.mark.parametrize("kind", ["eager", "compiled", "eager+graph", "compiled+graph"])
-def test_step(benchmark, kind):
-    one, step, _ = make_step(kind, BATCH)
-
-    def block() -> None:
-        for _ in range(BLOCK):
-            one()
-        torch.cuda.synchronize()
-
-    for _ in range(30):
-        one()
-    benchmark.pedantic(block, rounds=6, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["img_per_s"] = BATCH * BLOCK / benchmark.stats.stats.median
-    benchmark.extra_info["capture_failed"] = step.capture_failed
-
-
-@pytest.mark.benchmark(group="step paths")
-@pytest.mark.parametrize("batch", [256, 512])
-@pytest.mark.parametrize("path", ["bf16", "fp16", "fp16 fused-bn"])
-def test_step_path(benchmark, path, batch):
-    torch.cuda.reset_peak_memory_stats()
-    amp, fused = path.split()[0], path.endswith("fused-bn")
-    one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
+def time_step(benchmark, one, step, batch: int) -> None:
+    """30 warm-up steps (compile and capture happen there), then rounds of ``BLOCK`` steps
+    ending in a device sync; img/s and whether capture failed into ``extra_info``."""
 
     def block() -> None:
         for _ in range(BLOCK):
@@ -47,5 +26,22 @@ def test_step_path(benchmark, path, batch):
         one()
     benchmark.pedantic(block, rounds=6, iterations=1, warmup_rounds=1)
     benchmark.extra_info["img_per_s"] = batch * BLOCK / benchmark.stats.stats.median
-    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     benchmark.extra_info["capture_failed"] = step.capture_failed
+
+
+@pytest.mark.benchmark(group="step")
+@pytest.mark.parametrize("kind", ["eager", "compiled", "eager+graph", "compiled+graph"])
+def test_step(benchmark, kind):
+    one, step, _ = make_step(kind, BATCH)
+    time_step(benchmark, one, step, BATCH)
+
+
+@pytest.mark.benchmark(group="step paths")
+@pytest.mark.parametrize("batch", [256, 512])
+@pytest.mark.parametrize("path", ["bf16", "fp16", "fp16 fused-bn"])
+def test_step_path(benchmark, path, batch):
+    torch.cuda.reset_peak_memory_stats()
+    amp, fused = path.split()[0], path.endswith("fused-bn")
+    one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
+    time_step(benchmark, one, step, batch)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -20,6 +20,7 @@ from fasttrain.distributed import DistState
 from fasttrain.ema import ModelEma
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
+from fasttrain.mix import Mixer
 from fasttrain.model import build_configured_model
 from fasttrain.optim import Schedule, build_optimizer, build_schedule
 from fasttrain.parallel import wrap_model
@@ -42,6 +43,7 @@ class Training:
     scaler: torch.amp.GradScaler | None
     step: TrainStep
     ema: ModelEma | None = None  # --model-ema: the average of ``model``'s weights
+    mixer: Mixer | None = None  # --mixup-alpha / --cutmix-alpha: its generator is checkpointed
 
 
 @dataclass
@@ -99,6 +101,19 @@ def build_training(
         if t.model_ema
         else None
     )
+    mixer = (
+        Mixer(
+            num_classes,
+            t.mixup_alpha,
+            t.cutmix_alpha,
+            t.mixup_prob,
+            t.mixup_switch_prob,
+            device=dist.device,
+            seed=t.seed + 1000 * dist.rank,  # each rank mixes its own shard its own way
+        )
+        if t.mixup_alpha > 0 or t.cutmix_alpha > 0
+        else None
+    )
     step = build_step(
         model=net,
         optimizer=optimizer,
@@ -113,8 +128,9 @@ def build_training(
         side_stream=wrapped.side_stream if wrapped else None,
         clip_grad_norm=cfg.optim.clip_grad_norm,
         ema=ema,
+        mixer=mixer,
     )
-    return Training(model, net, schedule, optimizer, criterion, scaler, step, ema)
+    return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer)
 
 
 def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:

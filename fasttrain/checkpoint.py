@@ -242,14 +242,17 @@ def train_state(
     step: int,
     steps_per_epoch: int,
     global_batch: int,
+    mix_states: list | None = None,
 ) -> dict[str, Any]:
     """Everything an exact resume needs. The position is the optimizer step; epoch and the
     loader's place in it are derived from it. ``loader_states``: one per rank (DALI's reader
-    state; empty for loaders whose position follows from the step)."""
+    state; empty for loaders whose position follows from the step); ``mix_states``: the
+    mixup/CutMix generators', one per rank (None without mixing)."""
     epoch, in_epoch = divmod(step, steps_per_epoch)
     return {
         "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
         "model_ema": training.ema.state_dict() if training.ema is not None else None,
+        "mix_rng": mix_states,  # mixup/CutMix's generator, one state per rank
         "optimizer": _optimizer_state(training.optimizer),
         "scaler": training.scaler.state_dict() if training.scaler is not None else None,
         "step": step,
@@ -308,6 +311,23 @@ def finished(state: dict[str, Any], cfg: Config) -> bool:
     if cfg.train.max_steps is not None:
         total = min(total, cfg.train.max_steps)
     return int(state["step"]) >= total
+
+
+def restore_mixer(state: dict[str, Any], training: Training, rank: int, world: int) -> None:
+    """This rank's mixup/CutMix generator from a checkpoint of the same world size; at another
+    world size, or from a run without mixing, the generator keeps its fresh seed (said)."""
+    if training.mixer is None:
+        return
+    saved = state.get("mix_rng")
+    if saved is not None and len(saved) == world:
+        training.mixer.load_state_dict(saved[rank])
+    elif rank == 0:
+        log.info(
+            "mixup/CutMix: the checkpoint holds no generator state for %d process%s; its draws "
+            "start afresh from --seed",
+            world,
+            "es" if world > 1 else "",
+        )
 
 
 def loader_state_for(state: dict[str, Any], rank: int, world_size: int) -> dict | None:

@@ -386,6 +386,32 @@ class TrainConfig:
         choices=("stop", "skip"),
     )
     device: str = option("auto", "--device", "device to train on", choices=("auto", "cuda", "cpu"))
+    mixup_alpha: float = option(
+        0.0,
+        "--mixup-alpha",
+        "mixup: blend each batch with itself rolled by one, lam ~ Beta(alpha, alpha), on the "
+        "device inside the step; soft targets in the loss (0: off; torchvision's v2 recipe: 0.2)",
+        minimum=0,
+        aliases=("--mixup",),
+    )
+    cutmix_alpha: float = option(
+        0.0,
+        "--cutmix-alpha",
+        "CutMix: paste a box of the rolled batch, its area 1 - lam, lam ~ Beta(alpha, alpha) "
+        "(0: off; torchvision's v2 recipe: 1.0). With --mixup-alpha too, each batch takes one",
+        minimum=0,
+        aliases=("--cutmix",),
+    )
+    mixup_prob: float = option(
+        1.0, "--mixup-prob", "share of batches that mixup/CutMix mixes", minimum=0, maximum=1
+    )
+    mixup_switch_prob: float = option(
+        0.5,
+        "--mixup-switch-prob",
+        "with both --mixup-alpha and --cutmix-alpha: the share of mixed batches that take CutMix",
+        minimum=0,
+        maximum=1,
+    )
     model_ema: bool = option(
         False,
         "--model-ema",

@@ -5,7 +5,7 @@ what broke a capture."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
@@ -24,12 +24,18 @@ def on_side_stream(fn: Callable[[], T], side: torch.cuda.Stream) -> T:
     return out
 
 
-def capture(fn: Callable[[], T], side: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, T]:
+def capture(
+    fn: Callable[[], T], side: torch.cuda.Stream, generators: Sequence[torch.Generator] = ()
+) -> tuple[torch.cuda.CUDAGraph, T]:
     """Record ``fn`` (not run it) in a new CUDA graph on ``side``; returns the graph and what
-    ``fn`` returned (tensors the replays refill). On failure the exception propagates, with the
-    current stream restored: a failed capture can leave the capture stream current."""
+    ``fn`` returned (tensors the replays refill). ``generators``: CUDA generators of fn's own
+    besides the default one, registered so that every replay draws new numbers from them. On
+    failure the exception propagates, with the current stream restored: a failed capture can
+    leave the capture stream current."""
     current = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
+    for generator in generators:
+        graph.register_generator_state(generator)
     try:
         # thread_local: DALI's worker threads keep using CUDA while this thread captures
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):

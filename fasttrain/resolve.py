@@ -92,7 +92,7 @@ def resolve(
         found = found_exclude_list(d.path)
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
-    _schedule_notes(cfg, notes)
+    _unused_notes(cfg, notes)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
     _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks
     r = cfg.run
@@ -185,9 +185,10 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
         )
 
 
-def _schedule_notes(cfg: Config, notes: list[str]) -> None:
-    """A schedule's own settings given with another schedule, and the average's without
-    --model-ema, are named, not silently unused."""
+def _unused_notes(cfg: Config, notes: list[str]) -> None:
+    """Settings that only one mode reads, given without it (a schedule's own with another
+    schedule, the average's without --model-ema, mixing's without an alpha), are named, not
+    silently unused."""
     o, default = cfg.optim, OptimConfig()
     own = {"step": ("lr_step_epochs", "lr_gamma"), "poly": ("lr_power",)}
     unused = [
@@ -207,6 +208,13 @@ def _schedule_notes(cfg: Config, notes: list[str]) -> None:
     ]
     if ema and not t.model_ema:
         notes.append(f"{', '.join(ema)}: unused without --model-ema")
+    mix = [
+        OPTION_BY_KEY[f"train.{k}"].flag
+        for k in ("mixup_prob", "mixup_switch_prob")
+        if getattr(t, k) != getattr(train_default, k)
+    ]
+    if mix and not (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
+        notes.append(f"{', '.join(mix)}: unused without --mixup-alpha or --cutmix-alpha")
 
 
 def _resolve_test_only(cfg: Config) -> None:
@@ -326,6 +334,11 @@ def _resolve_kernels(cfg: Config) -> None:
                 f"--triton-kernels normalize is the torchvision loader's; --loader "
                 f"{cfg.data.loader} does not use it"
             )
+    if "xent" in kernels and (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
+        raise UserError(
+            "--triton-kernels xent takes class labels, and mixup/CutMix trains on mixed soft "
+            "targets: leave xent out with --mixup-alpha / --cutmix-alpha"
+        )
     if "sgd" in kernels and t.strategy in ("ddp", "dp"):
         raise UserError(
             f"--triton-kernels sgd keeps gradients in one flat buffer, which --strategy "

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from fasttrain.ema import ModelEma
 from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
+from fasttrain.mix import Mixer
 from fasttrain.optim import InPlaceGradients, Schedule, set_lr
 from fasttrain.profiling import span
 from fasttrain.torch_fixes import keep_coordinate_descent_results
@@ -65,10 +66,12 @@ class EagerStep:
         schedule: Schedule,
         clip_grad_norm: float | None = None,
         ema: ModelEma | None = None,
+        mixer: Mixer | None = None,
     ):
         self.model = model
         self.clip_grad_norm = clip_grad_norm
         self.ema = ema
+        self.mixer = mixer
         self.optimizer = optimizer
         self.criterion = criterion
         self.amp_dtype = amp_dtype
@@ -84,8 +87,10 @@ class EagerStep:
         return isinstance(self.optimizer, InPlaceGradients)
 
     def _forward(
-        self, images: torch.Tensor, labels: torch.Tensor
+        self, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, correct): the loss against ``targets`` (mixup's soft targets) where given,
+        else ``labels``; correct counts the labels the logits' argmax hits."""
         # loaders may hand over another float type (DALI's fp16 buffers): cast here, where a
         # compiled or graphed step folds it into the step instead of a separate pass
         if images.dtype != self.input_dtype:
@@ -96,7 +101,7 @@ class EagerStep:
             enabled=self.amp_dtype is not None,
         ):
             logits = self.model(images)
-            loss = self.criterion(logits, labels)
+            loss = self.criterion(logits, labels if targets is None else targets)
         correct = (logits.argmax(dim=1) == labels).sum()
         return loss, correct
 
@@ -127,7 +132,11 @@ class EagerStep:
     def _micro_steps(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """Forward and backward of every micro-batch, gradients summed; metrics on the device."""
         for images, labels in batches:
-            loss, correct = self.forward(images, labels)
+            if self.mixer is not None:  # device draws: capturable, no host read
+                images, targets = self.mixer(images, labels)
+                loss, correct = self.forward(images, labels, targets)
+            else:
+                loss, correct = self.forward(images, labels)
             self._backward(loss / len(batches))
             meter.add_device(loss.detach(), correct, images.shape[0])
 
@@ -262,7 +271,9 @@ class GraphedStep:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         try:
-            graph, _ = capture(lambda: self._body(self.static, meter), self.side)
+            mixer = self.base.mixer  # its generator must advance at every replay
+            generators = [mixer.generator] if mixer is not None else []
+            graph, _ = capture(lambda: self._body(self.static, meter), self.side, generators)
         except Exception as e:  # any failure: report it, then train ungraphed
             self.capture_failed = True
             self.static = []
@@ -321,10 +332,11 @@ def build_step(
     side_stream: torch.cuda.Stream | None = None,
     clip_grad_norm: float | None = None,
     ema: ModelEma | None = None,
+    mixer: Mixer | None = None,
 ) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
     step (``Loader.fixed_buffers``), so a graph can read them in place."""
-    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, clip_grad_norm, ema)
+    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, clip_grad_norm, ema, mixer)
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
     if cuda_graphs:
         return GraphedStep(base, fixed_inputs=fixed_inputs, side_stream=side_stream)

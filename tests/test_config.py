@@ -505,3 +505,12 @@ def test_model_ema_settings_without_model_ema_are_named():
     notes = []
     resolved(["--data", "/d", "--model-ema-decay", "0.99"], notes=notes)
     assert "--model-ema-decay: unused without --model-ema" in notes
+
+
+def test_mixing_settings_without_an_alpha_are_named():
+    notes = []
+    resolved(["--data", "/d", "--mixup-prob", "0.5"], notes=notes)
+    assert "--mixup-prob: unused without --mixup-alpha or --cutmix-alpha" in notes
+    notes = []
+    resolved(["--data", "/d", "--cutmix-alpha", "1.0", "--mixup-prob", "0.5"], notes=notes)
+    assert notes == []

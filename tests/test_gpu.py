@@ -1,6 +1,7 @@
 """GPU-only checks (skipped without CUDA): the graphed and compiled steps against eager, host
 syncs in the steady state, capture fallback, and graphed eval."""
 
+import itertools
 import logging
 
 import pytest
@@ -12,6 +13,7 @@ from fasttrain.data.folder import scan_folder
 from fasttrain.ema import ModelEma
 from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics
+from fasttrain.mix import Mixer
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
 from fasttrain.profiling import StepTimer
@@ -56,6 +58,7 @@ def make(
     maxpool: bool = False,
     clip: float | None = None,
     ema: bool = False,
+    mix: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
     fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem."""
@@ -77,6 +80,7 @@ def make(
         fixed_inputs=fixed_inputs,
         clip_grad_norm=clip,
         ema=ModelEma(model, 0.9, every=2, warmup=True) if ema else None,
+        mixer=Mixer(CLASSES, 0.2, 1.0, prob=0.8, device=DEV) if mix else None,
     )
     return model, step
 
@@ -251,6 +255,23 @@ def test_model_ema_is_updated_inside_the_graph():
     assert step.graph is not None and not step.capture_failed
     start = flat(make("eager")[0])
     assert rel(flat(step.base.ema.module) - start, flat(ref_step.ema.module) - start) < 5e-2
+
+
+def test_mixup_and_cutmix_draw_anew_at_every_replay():
+    """The mixer's draws are in the graph, from its own registered generator: the step
+    captures, and each replay advances the generator (new draws), as eager steps do."""
+    data = batches(12)
+    _model, step = make("eager+graph", mix=True)
+    states = []
+    meter = DeviceMeter(DEV)
+    for i, batch in enumerate(data):
+        step([batch], meter, i)
+        torch.cuda.synchronize()
+        states.append(step.base.mixer.generator.get_state())
+    assert step.graph is not None and not step.capture_failed
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(states))  # each step drew
+    loss, _, _ = meter.flush()
+    assert loss == loss  # finite: not NaN
 
 
 class SyncingLoss(nn.CrossEntropyLoss):
