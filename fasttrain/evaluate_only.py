@@ -51,6 +51,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
             dist=dist,
             dtype=amp_dtype(cfg) or torch.float32,
             channels_last=cfg.model.channels_last,
+            triton_normalize="normalize" in triton_kernels(t.triton_kernels),
         )
         in_file = classifier_classes(state)
         num_classes = cfg.model.num_classes or in_file or classes

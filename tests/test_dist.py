@@ -355,3 +355,24 @@ def test_lars_trains_under_ddp_on_the_cpu(tiny_data, tmp_path):
     losses = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and all(v == v for v in losses)
     assert last_checkpoint(out)["step"] == 6
+
+
+@pytest.mark.slow
+def test_evaluate_on_two_processes_counts_every_image_once(tiny_data, tmp_path):
+    """``evaluate --nproc-per-node 2``: each rank evaluates its shard, the counts are summed,
+    and the figures are one process's."""
+    train = tmp_path / "train"
+    r = launch("--data", tiny_data, *FAST, "--max-steps", "3", "--eval-every", "0",
+               "--output-dir", train)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    checkpoint = next(train.glob("ckpt-*.pt"))
+    results = {}
+    for procs in (1, 2):
+        out = tmp_path / f"eval{procs}"
+        r = launch("evaluate", checkpoint, "--nproc-per-node", str(procs), "--data", tiny_data,
+                   *FAST, "--output-dir", out)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        results[procs] = json.loads((out / "eval.json").read_text())
+    assert results[1]["images"] == results[2]["images"] == 100
+    assert results[2]["top1"] == pytest.approx(results[1]["top1"])
+    assert results[2]["top5"] == pytest.approx(results[1]["top5"])

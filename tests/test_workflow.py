@@ -2,6 +2,7 @@
 torchvision, evaluate weights on a val set, and start a run from weights (fine-tuning)."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def test_export_writes_torchvisions_state_dict_with_the_same_logits(run, trained
     torch.testing.assert_close(plain(x), ours(x))
 
 
-def test_export_refuses_what_it_cannot_write(run, trained, tmp_path):
+def test_export_refuses_what_it_cannot_write(run, trained, tmp_path, monkeypatch):
     checkpoint = ckpt.list_checkpoints(trained)[0]
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -46,11 +47,9 @@ def test_export_refuses_what_it_cannot_write(run, trained, tmp_path):
     assert code == 2 and "cannot write there" in err and "Traceback" not in err
     code, err = run("export", tmp_path / "missing.pt", tmp_path / "w.pt")
     assert code == 2 and "export " in err and "no such file" in err
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        code, err = run("export", checkpoint, tmp_path / "w.safetensors")
-        assert code == 2 and "needs the safetensors package" in err
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # as if not installed
+    code, err = run("export", checkpoint, tmp_path / "w.safetensors")
+    assert code == 2 and "needs the safetensors package" in err
 
 
 def test_evaluate_gives_the_runs_own_val_figures(run, trained, tiny_data, tmp_path):
@@ -144,3 +143,16 @@ def test_evaluate_takes_torchvisions_val_sizes(run, trained, tiny_data, tmp_path
     assert json.loads((out / "eval.json").read_text())["images"] == 100
     saved = (out / "config.yaml").read_text()
     assert "val_resize_size: 44" in saved and "val_crop_size: 40" in saved
+
+
+def test_export_to_safetensors_loads_into_torchvision(run, trained, tmp_path):
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    checkpoint = ckpt.list_checkpoints(trained)[0]
+    code, err = run("export", checkpoint, tmp_path / "resnet18.safetensors")
+    assert code == 0, err
+    plain = torchvision.models.resnet18(num_classes=4)
+    plain.load_state_dict(load_file(str(tmp_path / "resnet18.safetensors")), strict=True)
+    saved = torch.load(checkpoint, weights_only=True)["model"]
+    torch.testing.assert_close(plain.state_dict()["fc.weight"], saved["fc.weight"])

@@ -163,6 +163,7 @@ def build_eval_data(
     dist: DistState,
     dtype: torch.dtype,
     channels_last: bool,
+    triton_normalize: bool = False,
 ) -> tuple[Loader, int, str]:
     """The val loader alone, for ``evaluate``: ``--data``'s val/ (or the folder itself, see
     ``scan_eval_folder``) through the loader ``cfg.loader`` names. Returns the loader, the
@@ -198,7 +199,12 @@ def build_eval_data(
         how = "DALI loader"
     else:
         val = build_torchvision_loader(
-            ds.val, train=False, workers=cfg.workers, dtype=dtype, **common
+            ds.val,
+            train=False,
+            workers=cfg.workers,
+            dtype=dtype,
+            triton_normalize=triton_normalize,
+            **common,
         )
         how = f"torchvision loader with {cfg.workers} workers"
     return (
