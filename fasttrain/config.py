@@ -78,6 +78,14 @@ class DataConfig:
         minimum=16,
         aliases=("--train-crop-size",),
     )
+    auto_augment: str = option(
+        "none",
+        "--auto-augment",
+        "train: TrivialAugment Wide (ta_wide) or RandAugment (ra: 2 ops, magnitude 9) on each "
+        "crop, on the GPU in DALI's pipeline or by torchvision's transforms in the torchvision "
+        "loader; none: off",
+        choices=("none", "ta_wide", "ra"),
+    )
     val_resize_size: int | None = option(
         None,
         "--val-resize-size",

@@ -92,6 +92,11 @@ def resolve(
         found = found_exclude_list(d.path)
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
+    if d.auto_augment != "none" and d.loader == "synthetic":
+        raise UserError(
+            f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
+            "leave one out"
+        )
     _unused_notes(cfg, notes)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
     _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks

@@ -514,3 +514,8 @@ def test_mixing_settings_without_an_alpha_are_named():
     notes = []
     resolved(["--data", "/d", "--cutmix-alpha", "1.0", "--mixup-prob", "0.5"], notes=notes)
     assert notes == []
+
+
+def test_auto_augment_needs_images():
+    with pytest.raises(UserError, match="--loader synthetic has no images to augment"):
+        resolved(["--loader", "synthetic", "--auto-augment", "ta_wide"])

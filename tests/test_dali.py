@@ -268,3 +268,18 @@ def test_val_crop_and_resize_reach_both_loaders(tiny_data):
     # the two loaders show the same images (their resize filters differ pixel by pixel)
     assert abs(default.mean() - default_ref.mean()) < 0.05
     assert abs(tight.mean() - tight_ref.mean()) < 0.05
+
+
+@pytest.mark.parametrize("policy", ["ta_wide", "ra"])
+def test_auto_augment_runs_in_the_pipeline_and_resumes_bitwise(run, tiny_data, tmp_path, policy):
+    """--auto-augment in DALI's pipeline (conditional execution): the crops change, and a run
+    interrupted mid-epoch resumes exactly, the augmentation's draws included (DALI's
+    checkpoint)."""
+    samples = scan_folder(tiny_data).train[:16]
+    plain = epoch(loader(samples, seed=3))[0][0]
+    augmented = epoch(loader(samples, seed=3, auto_augment=policy))[0][0]
+    assert augmented.shape == plain.shape and not torch.equal(augmented, plain)
+    assert torch.equal(epoch(loader(samples, seed=3, auto_augment=policy))[0][0], augmented)
+    common = ["--data", tiny_data, *FAST, "--loader", "dali", "--dali-threads", "2", "--epochs",
+              "1", "--eval-every", "0", "--log-every", "2", "--auto-augment", policy]  # fmt: skip
+    assert_exact_resume(run, common, tmp_path, steps=12)

@@ -173,3 +173,20 @@ def test_check_data_lists_bad_files_and_training_leaves_them_out(
     log = (tmp_path / "o" / "log-rank0.txt").read_text()
     assert "leaving out the 4 files" in log and "undecodable" not in log
     assert run.records(tmp_path / "o", "val")[-1]["images"] == 99
+
+
+@pytest.mark.parametrize("policy", ["ta_wide", "ra"])
+def test_auto_augment_in_the_torchvision_loader_is_seeded_per_sample(tiny_data, policy):
+    """torchvision's TrivialAugment / RandAugment on each crop, drawn from the sample's own
+    seed: the same (seed, epoch, index) gives the same image, in any worker, in any order."""
+    from fasttrain.data.torchvision import ImageFolderDataset
+
+    samples = scan_folder(tiny_data).train[:8]
+    plain = ImageFolderDataset(samples, True, 32, seed=0)
+    aug = ImageFolderDataset(samples, True, 32, seed=0, auto_augment=policy)
+    again = ImageFolderDataset(samples, True, 32, seed=0, auto_augment=policy)
+    first = [aug[(i, 1)][0] for i in range(8)]
+    backwards = {i: again[(i, 1)][0] for i in reversed(range(8))}  # another order
+    assert all(torch.equal(first[i], backwards[i]) for i in range(8))
+    assert any(not torch.equal(a, plain[(i, 1)][0]) for i, a in enumerate(first))
+    assert all(a.shape == (32, 32, 3) and a.dtype == torch.uint8 for a in first)

@@ -456,3 +456,9 @@ def test_lars_trains_on_the_cpu(run, tiny_data, tmp_path):
     losses = [r["loss"] for r in run.records(out, "train")]
     assert sum(losses[-2:]) / 2 < 0.95 * sum(losses[:2]) / 2, losses
     assert "sgd" not in (out / "config.yaml").read_text().split("triton_kernels:")[1].split("\n")[0]
+
+
+def test_auto_augment_in_the_torchvision_loader_resumes_bitwise(run, tiny_data, tmp_path):
+    common = ["--data", tiny_data, *FAST, "--epochs", "1", "--eval-every", "0", "--log-every",
+              "2", "--auto-augment", "ta_wide"]  # fmt: skip
+    assert_exact_resume(run, common, tmp_path, steps=12)

@@ -129,7 +129,14 @@ def build_data(
             local_rank=dist.local_rank,
             **common,
         )
-        train = DaliLoader(ds.train, train=True, buffers=accum_steps, state=loader_state, **dali)
+        train = DaliLoader(
+            ds.train,
+            train=True,
+            buffers=accum_steps,
+            state=loader_state,
+            auto_augment=cfg.auto_augment,
+            **dali,
+        )
         val = DaliLoader(ds.val, train=False, **{**dali, **_val_sizes(cfg)})
         how = (
             f"DALI loader ({'GPU' if dist.device.type == 'cuda' else 'CPU'} decode, "
@@ -137,7 +144,7 @@ def build_data(
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
-        train = build_torchvision_loader(ds.train, train=True, **tv)
+        train = build_torchvision_loader(ds.train, train=True, auto_augment=cfg.auto_augment, **tv)
         val = build_torchvision_loader(ds.val, train=False, **{**tv, **_val_sizes(cfg)})
         how = f"torchvision loader with {cfg.workers} workers"
     return Data(

@@ -5,7 +5,8 @@ Pipelines are written with ``@pipeline_def`` and ``fn.*``. The same definition r
 is how CI tests the real pipeline.
 
 - **Train:** reader → ``decoders.image_random_crop`` (area [0.08, 1], aspect [3/4, 4/3]) → resize
-  → ``crop_mirror_normalize`` with a random flip, fp16 NHWC.
+  → (``--auto-augment``: DALI's TrivialAugment Wide or RandAugment, through conditional
+  execution) → ``crop_mirror_normalize`` with a random flip, fp16 NHWC.
 - **Val:** decode → resize the shorter side → center crop → normalise.
 - **Output:** each batch is copied (``feed_ndarray``) into fixed buffers allocated once, handed out
   as a channels_last NCHW *view* of the NHWC buffer: no layout copy, no allocation per step, and
@@ -137,8 +138,9 @@ def _pipelines():
             **kw,
         )
 
-    @pipeline_def(enable_checkpointing=True)
-    def train_pipeline(files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load):
+    def train_graph(
+        files, labels, shard_id, num_shards, image_size, gpu, hw_decoder_load, auto_augment
+    ):
         jpegs, label = reader(files, labels, shard_id, num_shards, shuffle_after_epoch=True)
         images = fn.decoders.image_random_crop(
             jpegs,
@@ -150,6 +152,8 @@ def _pipelines():
         )
         # antialiased, as torchvision's resize (DALI's default)
         images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        if auto_augment != "none":  # on the crop, as torchvision's reference applies it
+            images = _auto_augment(images, auto_augment, image_size)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT16,
@@ -177,7 +181,25 @@ def _pipelines():
         )
         return images, (label.gpu() if gpu else label)
 
+    def train_pipeline(*args, auto_augment: str = "none", **kwargs):
+        # DALI runs automatic augmentation through conditional execution, which the pipeline
+        # must be defined with; without it the graph stays as it was
+        conditionals = auto_augment != "none"
+        define = pipeline_def(enable_checkpointing=True, enable_conditionals=conditionals)
+        return define(train_graph)(*args, auto_augment, **kwargs)
+
     return train_pipeline, val_pipeline
+
+
+def _auto_augment(images, policy: str, image_size: int):
+    """TrivialAugment Wide or RandAugment (2 ops, magnitude 9: torchvision's defaults) from
+    DALI's auto_aug, on uint8 HWC crops of ``image_size``."""
+    from nvidia.dali.auto_aug import rand_augment, trivial_augment
+
+    shape = (image_size, image_size)
+    if policy == "ta_wide":
+        return trivial_augment.trivial_augment_wide(images, shape=shape)
+    return rand_augment.rand_augment(images, n=2, m=9, shape=shape)
 
 
 def shard_bounds(n: int, shard: int, shards: int) -> tuple[int, int]:
@@ -214,11 +236,13 @@ class DaliLoader:
         state: dict[str, Any] | None = None,
         prefetch: int = 4,
         resize: int | None = None,
+        auto_augment: str = "none",
     ):
         """``image_size``: the train crop, or val's center crop. ``buffers``: how many batches
         the caller holds at once (``--accum-steps``); each gets its own fixed buffer, reused
         round-robin. ``state``: from ``state_dict()``, to resume. ``prefetch``: DALI's prefetch
-        queue depth. ``resize``: val's shorter side before the crop (default crop / 0.875)."""
+        queue depth. ``resize``: val's shorter side before the crop (default crop / 0.875).
+        ``auto_augment``: train only, ``ta_wide`` or ``ra`` (``_auto_augment``), or none."""
         require_dali()
         if state is not None and len(state["dali"]) != 1:
             state = None  # saved by 0.1.0 with several pipelines: take up the epoch afresh
@@ -234,6 +258,7 @@ class DaliLoader:
         labels = [samples[i][1] for i in order]
         train_pipeline, val_pipeline = _pipelines()
         val_args = () if train else (resize or val_resize(image_size),)
+        train_args = {"auto_augment": auto_augment} if train else {}
         self.pipe = (train_pipeline if train else val_pipeline)(
             files,
             labels,
@@ -243,6 +268,7 @@ class DaliLoader:
             gpu,
             hw_decoder_load,
             *val_args,
+            **train_args,
             batch_size=batch_size,
             num_threads=threads,
             device_id=local_rank if gpu else None,

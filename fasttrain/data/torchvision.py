@@ -32,6 +32,18 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _SUBSTITUTE_STRIDE = 7919  # a prime: a bad train image is replaced by one far from it
 
 
+def _auto_augment(policy: str):
+    """torchvision's TrivialAugment Wide or RandAugment (2 ops, magnitude 9), bilinear as in
+    its reference recipe; None for ``none``."""
+    from torchvision.transforms import InterpolationMode, v2
+
+    if policy == "ta_wide":
+        return v2.TrivialAugmentWide(interpolation=InterpolationMode.BILINEAR)
+    if policy == "ra":
+        return v2.RandAugment(interpolation=InterpolationMode.BILINEAR)
+    return None
+
+
 def val_resize(crop: int) -> int:
     """The shorter side val images are resized to before a ``crop`` center crop: crop / 0.875,
     the ImageNet references' ratio (224 -> 256)."""
@@ -89,9 +101,11 @@ class ImageFolderDataset(Dataset):
         image_size: int,
         seed: int,
         resize: int | None = None,
+        auto_augment: str = "none",
     ):
         self.samples = samples
         self.train = train
+        self.augment = _auto_augment(auto_augment) if train else None
         self.image_size = image_size
         # val: the shorter side before the center crop; 224 -> 256, as in the ImageNet references
         self.resize = resize or val_resize(image_size)
@@ -115,6 +129,10 @@ class ImageFolderDataset(Dataset):
             )
             if rng.random() < 0.5:
                 img = F.hflip(img)
+            if self.augment is not None:  # its draws seeded per sample too: resumable
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(rng.getrandbits(63))
+                    img = self.augment(img)
         else:
             img = F.center_crop(F.resize(img, self.resize, antialias=True), self.image_size)
         # HWC: batches collate to NHWC, which is channels_last NCHW seen through a permute
@@ -302,10 +320,11 @@ def build_torchvision_loader(
     channels_last: bool,
     triton_normalize: bool = False,
     resize: int | None = None,
+    auto_augment: str = "none",
 ) -> DeviceLoader:
     """``image_size``: the train crop, or val's center crop; ``resize``: val's shorter side
     before it (default ``val_resize(image_size)``)."""
-    dataset = ImageFolderDataset(samples, train, image_size, seed, resize)
+    dataset = ImageFolderDataset(samples, train, image_size, seed, resize, auto_augment)
     sampler: TrainSampler | ValSampler
     if train:
         sampler = TrainSampler(len(samples), rank, world, seed, batch_size)
