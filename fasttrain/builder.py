@@ -18,6 +18,7 @@ from fasttrain.config import Config
 from fasttrain.data import Data, build_data
 from fasttrain.distributed import DistState
 from fasttrain.ema import ModelEma
+from fasttrain.erase import Eraser
 from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.mix import Mixer
@@ -43,7 +44,13 @@ class Training:
     scaler: torch.amp.GradScaler | None
     step: TrainStep
     ema: ModelEma | None = None  # --model-ema: the average of ``model``'s weights
-    mixer: Mixer | None = None  # --mixup-alpha / --cutmix-alpha: its generator is checkpointed
+    mixer: Mixer | None = None  # --mixup-alpha / --cutmix-alpha
+    eraser: Eraser | None = None  # --random-erase
+
+    def augments(self) -> dict[str, Mixer | Eraser]:
+        """The batch augmentations by name: their generators' states go into checkpoints."""
+        named = {"mix": self.mixer, "erase": self.eraser}
+        return {name: a for name, a in named.items() if a is not None}
 
 
 @dataclass
@@ -58,6 +65,12 @@ class Built:
     gpus: int
     steps_per_epoch: int
     ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
+
+
+def augment_seed(seed: int, rank: int, stream: int) -> int:
+    """A batch augmentation's generator seed: its own stream of --seed, its own per rank (each
+    rank augments its own shard its own way)."""
+    return seed * 1_000_003 + rank * 101 + stream
 
 
 def amp_dtype(cfg: Config) -> torch.dtype | None:
@@ -109,9 +122,14 @@ def build_training(
             t.mixup_prob,
             t.mixup_switch_prob,
             device=dist.device,
-            seed=t.seed + 1000 * dist.rank,  # each rank mixes its own shard its own way
+            seed=augment_seed(t.seed, dist.rank, 1),
         )
         if t.mixup_alpha > 0 or t.cutmix_alpha > 0
+        else None
+    )
+    eraser = (
+        Eraser(t.random_erase, device=dist.device, seed=augment_seed(t.seed, dist.rank, 2))
+        if t.random_erase > 0
         else None
     )
     step = build_step(
@@ -129,8 +147,9 @@ def build_training(
         clip_grad_norm=cfg.optim.clip_grad_norm,
         ema=ema,
         mixer=mixer,
+        eraser=eraser,
     )
-    return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer)
+    return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer, eraser)
 
 
 def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:

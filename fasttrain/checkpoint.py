@@ -242,17 +242,18 @@ def train_state(
     step: int,
     steps_per_epoch: int,
     global_batch: int,
-    mix_states: list | None = None,
+    augment_states: list[dict] | None = None,
 ) -> dict[str, Any]:
     """Everything an exact resume needs. The position is the optimizer step; epoch and the
     loader's place in it are derived from it. ``loader_states``: one per rank (DALI's reader
-    state; empty for loaders whose position follows from the step); ``mix_states``: the
-    mixup/CutMix generators', one per rank (None without mixing)."""
+    state; empty for loaders whose position follows from the step); ``augment_states``: the
+    batch augmentations' generator states by name (``Training.augments``), one dict per
+    rank."""
     epoch, in_epoch = divmod(step, steps_per_epoch)
     return {
         "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
         "model_ema": training.ema.state_dict() if training.ema is not None else None,
-        "mix_rng": mix_states,  # mixup/CutMix's generator, one state per rank
+        "augment_rng": augment_states,  # the batch augmentations' generators, per rank
         "optimizer": _optimizer_state(training.optimizer),
         "scaler": training.scaler.state_dict() if training.scaler is not None else None,
         "step": step,
@@ -313,18 +314,23 @@ def finished(state: dict[str, Any], cfg: Config) -> bool:
     return int(state["step"]) >= total
 
 
-def restore_mixer(state: dict[str, Any], training: Training, rank: int, world: int) -> None:
-    """This rank's mixup/CutMix generator from a checkpoint of the same world size; at another
-    world size, or from a run without mixing, the generator keeps its fresh seed (said)."""
-    if training.mixer is None:
+def restore_augments(state: dict[str, Any], training: Training, rank: int, world: int) -> None:
+    """This rank's batch-augmentation generators from a checkpoint of the same world size; at
+    another world size, or where the checkpoint has none, they keep their fresh seeds (said)."""
+    augments = training.augments()
+    if not augments:
         return
-    saved = state.get("mix_rng")
-    if saved is not None and len(saved) == world:
-        training.mixer.load_state_dict(saved[rank])
-    elif rank == 0:
+    saved = state.get("augment_rng")
+    mine = saved[rank] if saved is not None and len(saved) == world else {}
+    fresh = [name for name in augments if name not in mine]
+    for name, augment in augments.items():
+        if name in mine:
+            augment.load_state_dict(mine[name])
+    if fresh and rank == 0:
         log.info(
-            "mixup/CutMix: the checkpoint holds no generator state for %d process%s; its draws "
-            "start afresh from --seed",
+            "%s: the checkpoint holds no generator state for %d process%s; these draws start "
+            "afresh from --seed",
+            ", ".join({"mix": "mixup/CutMix", "erase": "random erasing"}[n] for n in fresh),
             world,
             "es" if world > 1 else "",
         )

@@ -394,6 +394,15 @@ class TrainConfig:
         choices=("stop", "skip"),
     )
     device: str = option("auto", "--device", "device to train on", choices=("auto", "cuda", "cpu"))
+    random_erase: float = option(
+        0.0,
+        "--random-erase",
+        "random erasing: the share of train images in which a random box (2-33%% of the image, "
+        "aspect 0.3-3.3) is set to the mean colour, on the device inside the step, as "
+        "torchvision's RandomErasing (0: off; torchvision's v2 recipe: 0.25)",
+        minimum=0,
+        maximum=1,
+    )
     mixup_alpha: float = option(
         0.0,
         "--mixup-alpha",

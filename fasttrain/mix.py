@@ -115,10 +115,12 @@ def apply(images: Tensor, labels: Tensor, d: Draw, num_classes: int) -> tuple[Te
     lam = torch.where(d.mix, torch.where(d.cutmix, cut_lam, lam), torch.ones_like(lam))
     onehot = F.one_hot(labels, num_classes).float()
     targets = onehot * lam + onehot.roll(1, 0) * (1 - lam)
-    return out.contiguous(memory_format=_format(images)), targets
+    return out.contiguous(memory_format=memory_format_of(images)), targets
 
 
-def _format(x: Tensor) -> torch.memory_format:
+def memory_format_of(x: Tensor) -> torch.memory_format:
+    """channels_last where ``x`` is (and not also plainly contiguous), else contiguous: what an
+    augmentation's output keeps of its input."""
     if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from fasttrain.ema import ModelEma
+from fasttrain.erase import Eraser
 from fasttrain.graphs import blame, capture, on_side_stream
 from fasttrain.metrics import DeviceMeter
 from fasttrain.mix import Mixer
@@ -67,8 +68,10 @@ class EagerStep:
         clip_grad_norm: float | None = None,
         ema: ModelEma | None = None,
         mixer: Mixer | None = None,
+        eraser: Eraser | None = None,
     ):
         self.model = model
+        self.eraser = eraser
         self.clip_grad_norm = clip_grad_norm
         self.ema = ema
         self.mixer = mixer
@@ -80,6 +83,11 @@ class EagerStep:
         self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
+
+    def generators(self) -> list[torch.Generator]:
+        """The step's own random generators besides torch's default ones (the batch
+        augmentations'): a CUDA graph must register them, a checkpoint keep them."""
+        return [a.generator for a in (self.eraser, self.mixer) if a is not None]
 
     @property
     def grads_in_place(self) -> bool:
@@ -132,6 +140,8 @@ class EagerStep:
     def _micro_steps(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         """Forward and backward of every micro-batch, gradients summed; metrics on the device."""
         for images, labels in batches:
+            if self.eraser is not None:  # per image, then mixing per batch, as torchvision's
+                images = self.eraser(images)
             if self.mixer is not None:  # device draws: capturable, no host read
                 images, targets = self.mixer(images, labels)
                 loss, correct = self.forward(images, labels, targets)
@@ -271,8 +281,8 @@ class GraphedStep:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         try:
-            mixer = self.base.mixer  # its generator must advance at every replay
-            generators = [mixer.generator] if mixer is not None else []
+            # the augmentations' generators must advance at every replay
+            generators = self.base.generators()
             graph, _ = capture(lambda: self._body(self.static, meter), self.side, generators)
         except Exception as e:  # any failure: report it, then train ungraphed
             self.capture_failed = True
@@ -333,10 +343,13 @@ def build_step(
     clip_grad_norm: float | None = None,
     ema: ModelEma | None = None,
     mixer: Mixer | None = None,
+    eraser: Eraser | None = None,
 ) -> EagerStep | GraphedStep:
     """The step the flags ask for. ``fixed_inputs``: the loader refills the same tensors every
     step (``Loader.fixed_buffers``), so a graph can read them in place."""
-    args = (model, optimizer, criterion, amp_dtype, scaler, schedule, clip_grad_norm, ema, mixer)
+    args = (
+        model, optimizer, criterion, amp_dtype, scaler, schedule, clip_grad_norm, ema, mixer, eraser
+    )  # fmt: skip
     base = CompiledStep(*args, compile_options=compile_options) if compile else EagerStep(*args)
     if cuda_graphs:
         return GraphedStep(base, fixed_inputs=fixed_inputs, side_stream=side_stream)

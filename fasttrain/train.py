@@ -220,12 +220,13 @@ class Trainer:
                 self.built.data.train.state_dict() if loader_state else {},
                 what="the all_gather of loader states for a checkpoint",
             )
-            mixer = self.training.mixer
-            mix_states = (
+            augments = self.training.augments()
+            augment_states = (
                 self.dist.all_gather_object(
-                    mixer.state_dict(), what="the all_gather of mixup generator states"
+                    {name: a.state_dict() for name, a in augments.items()},
+                    what="the all_gather of the augmentations' generator states",
                 )
-                if mixer is not None
+                if augments
                 else None
             )
             if self.dist.is_main:
@@ -236,7 +237,7 @@ class Trainer:
                     self.step,
                     self.steps_per_epoch,
                     self.built.global_batch,
-                    mix_states,
+                    augment_states,
                 )
                 log.debug(
                     "saved %s", ckpt.write(state, self.run_dir, self.cfg.run.keep_checkpoints)
@@ -395,7 +396,7 @@ def _set_up(
         )
     if resumed:
         step = ckpt.resume(*resumed, cfg, built.training, built.global_batch, built.steps_per_epoch)
-        ckpt.restore_mixer(resumed[1], built.training, dist.rank, dist.world_size)
+        ckpt.restore_augments(resumed[1], built.training, dist.rank, dist.world_size)
     if dist.is_main:
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")

@@ -11,6 +11,7 @@ from torch import nn
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
 from fasttrain.ema import ModelEma
+from fasttrain.erase import Eraser
 from fasttrain.evaluate import Evaluator
 from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.mix import Mixer
@@ -81,6 +82,7 @@ def make(
         clip_grad_norm=clip,
         ema=ModelEma(model, 0.9, every=2, warmup=True) if ema else None,
         mixer=Mixer(CLASSES, 0.2, 1.0, prob=0.8, device=DEV) if mix else None,
+        eraser=Eraser(0.5, device=DEV, seed=1) if mix else None,
     )
     return model, step
 
@@ -257,9 +259,9 @@ def test_model_ema_is_updated_inside_the_graph():
     assert rel(flat(step.base.ema.module) - start, flat(ref_step.ema.module) - start) < 5e-2
 
 
-def test_mixup_and_cutmix_draw_anew_at_every_replay():
-    """The mixer's draws are in the graph, from its own registered generator: the step
-    captures, and each replay advances the generator (new draws), as eager steps do."""
+def test_mixup_cutmix_and_erasing_draw_anew_at_every_replay():
+    """The batch augmentations' draws are in the graph, from their own registered generators:
+    the step captures, and each replay advances them (new draws), as eager steps do."""
     data = batches(12)
     _model, step = make("eager+graph", mix=True)
     states = []
@@ -267,7 +269,7 @@ def test_mixup_and_cutmix_draw_anew_at_every_replay():
     for i, batch in enumerate(data):
         step([batch], meter, i)
         torch.cuda.synchronize()
-        states.append(step.base.mixer.generator.get_state())
+        states.append(torch.cat([g.get_state() for g in step.base.generators()]))
     assert step.graph is not None and not step.capture_failed
     assert all(not torch.equal(a, b) for a, b in itertools.pairwise(states))  # each step drew
     loss, _, _ = meter.flush()
