@@ -213,10 +213,22 @@ def test_resolved_config_round_trips_through_config(tmp_path):
 
 def test_shipped_recipes_are_valid():
     names = sorted(p.name for p in config_dir().glob("*.yaml"))
-    assert names == ["resnet50_imagenet.yaml", "sample.yaml", "sample_cpu.yaml"]
+    assert names == [
+        "resnet50_imagenet.yaml",
+        "resnet50_tv_v2.yaml",
+        "sample.yaml",
+        "sample_cpu.yaml",
+    ]
     for name in names:
         values = load_yaml(config_dir() / name)
         assert values
+        resolved(["--config", str(config_dir() / name), "--data", "/d"])  # resolves too
+    v2 = resolved(["--config", str(config_dir() / "resnet50_tv_v2.yaml"), "--data", "/d"])
+    # torchvision's recipe at its own global batch (8 x 128): its LR of 0.5
+    from fasttrain.optim import build_schedule
+
+    assert build_schedule(v2.optim, 1024, 1251, 600).peak_lr == pytest.approx(0.5)
+    assert (v2.data.image_size, v2.data.val_resize_size, v2.data.val_crop_size) == (176, 232, 224)
     imagenet = yaml.safe_load((config_dir() / "resnet50_imagenet.yaml").read_text())
     assert imagenet["train"]["batch_size"] == 256 and imagenet["train"]["epochs"] == 90
     assert imagenet["optim"]["lr"] == 0.1 and imagenet["optim"]["warmup_epochs"] == 5
