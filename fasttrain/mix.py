@@ -79,7 +79,15 @@ class Mixer:
 
     def __call__(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """(mixed images, soft targets) for a batch of images (N, C, H, W) and int labels."""
-        return apply(images, labels, self.draw(*images.shape[2:]), self.num_classes)
+        d = self.draw(*images.shape[2:])
+        return apply(
+            images,
+            labels,
+            d,
+            self.num_classes,
+            mixup=self.mixup_alpha > 0,
+            cutmix=self.cutmix_alpha > 0,
+        )
 
     def state_dict(self) -> Tensor:
         """The generator's state: what the next draws will be."""
@@ -99,20 +107,38 @@ def cutmix_box(lam: Tensor, cx: Tensor, cy: Tensor, height: int, width: int) -> 
     return x1, y1, x2, y2
 
 
-def apply(images: Tensor, labels: Tensor, d: Draw, num_classes: int) -> tuple[Tensor, Tensor]:
-    """Mix ``images`` and one-hot ``labels`` by the draws ``d`` (module notes)."""
+def apply(
+    images: Tensor,
+    labels: Tensor,
+    d: Draw,
+    num_classes: int,
+    *,
+    mixup: bool = True,
+    cutmix: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Mix ``images`` and one-hot ``labels`` by the draws ``d`` (module notes). ``mixup`` /
+    ``cutmix`` False: that kind is never drawn, so its images are not computed."""
     h, w = images.shape[2:]
     rolled = images.roll(1, 0)
     lam = d.lam.to(torch.float32)
-    mixed = (images.float() * lam + rolled.float() * (1 - lam)).to(images.dtype)
-    x1, y1, x2, y2 = cutmix_box(d.lam, d.cx, d.cy, h, w)
-    rows = torch.arange(h, device=images.device).view(h, 1)
-    cols = torch.arange(w, device=images.device).view(1, w)
-    box = (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)
-    pasted = torch.where(box, rolled, images)
-    cut_lam = (1 - (x2 - x1) * (y2 - y1) / (w * h)).to(torch.float32)
-    out = torch.where(d.mix, torch.where(d.cutmix, pasted, mixed), images)
-    lam = torch.where(d.mix, torch.where(d.cutmix, cut_lam, lam), torch.ones_like(lam))
+    if mixup:
+        mixed = (images.float() * lam + rolled.float() * (1 - lam)).to(images.dtype)
+    if cutmix:
+        x1, y1, x2, y2 = cutmix_box(d.lam, d.cx, d.cy, h, w)
+        rows = torch.arange(h, device=images.device).view(h, 1)
+        cols = torch.arange(w, device=images.device).view(1, w)
+        box = (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)
+        pasted = torch.where(box, rolled, images)
+        cut_lam = (1 - (x2 - x1) * (y2 - y1) / (w * h)).to(torch.float32)
+    if mixup and cutmix:
+        out = torch.where(d.cutmix, pasted, mixed)
+        lam = torch.where(d.cutmix, cut_lam, lam)
+    elif cutmix:
+        out, lam = pasted, cut_lam
+    else:
+        out = mixed
+    out = torch.where(d.mix, out, images)
+    lam = torch.where(d.mix, lam, torch.ones_like(lam))
     onehot = F.one_hot(labels, num_classes).float()
     targets = onehot * lam + onehot.roll(1, 0) * (1 - lam)
     return out.contiguous(memory_format=memory_format_of(images)), targets

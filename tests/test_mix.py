@@ -105,3 +105,12 @@ def test_mixing_refuses_the_triton_cross_entropy():
 
     with pytest.raises(UserError, match="leave xent out with --mixup-alpha"):
         resolved(["--data", "/d", "--mixup-alpha", "0.2", "--triton-kernels", "xent"])
+
+
+def test_one_kind_alone_computes_what_both_would_on_its_draws():
+    images, labels = batch(3)
+    cut, mixup = draw(0.6, 5, 7, cutmix=True), draw(0.6)
+    for d, kinds in ((cut, {"mixup": False}), (mixup, {"cutmix": False})):
+        alone = apply(images, labels, d, CLASSES, **kinds)
+        both = apply(images, labels, d, CLASSES)
+        assert torch.equal(alone[0], both[0]) and torch.equal(alone[1], both[1])
