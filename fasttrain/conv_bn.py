@@ -31,12 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _memory_format(x: Tensor) -> torch.memory_format:
-    """channels_last where the input is (and not also plainly contiguous), else contiguous."""
-    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
-        return torch.contiguous_format
-    return torch.channels_last
+from fasttrain.memory_format import memory_format_of
 
 
 def _per_channel(v: Tensor) -> Tensor:
@@ -65,7 +60,7 @@ def reference(
     """``conv_bn`` in plain PyTorch: the kernel on every device, and what a fused one is held to."""
     a = _prologue(x, scale, bias)
     y = F.conv2d(a, weight.to(x.dtype), stride=stride, padding=padding)
-    y = y.contiguous(memory_format=_memory_format(x))
+    y = y.contiguous(memory_format=memory_format_of(x))
     wide = y.to(_acc(x))
     return y, wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
 
@@ -94,7 +89,7 @@ def _(x, weight, scale, bias, stride, padding):
     n, _, h, w = x.shape
     k, _, r, s = weight.shape
     shape = (n, k, _out_size(h, r, stride, padding), _out_size(w, s, stride, padding))
-    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
+    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
     return y, x.new_empty((k,), dtype=_acc(x)), x.new_empty((k,), dtype=_acc(x))
 
 
@@ -136,14 +131,14 @@ def backward(
     gw = gw.to(weight.dtype)
     if scale is None:
         return (
-            (ga.contiguous(memory_format=_memory_format(x)) if input_grad else None),
+            (ga.contiguous(memory_format=memory_format_of(x)) if input_grad else None),
             gw,
             None,
             None,
         )
     wide = x.to(acc)
     gz = ga.to(acc) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
-    gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=_memory_format(x))
+    gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=memory_format_of(x))
     return (gx if input_grad else None), gw, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
 
 

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from fasttrain.mix import memory_format_of
+from fasttrain.memory_format import memory_format_of
 
 SCALE = (0.02, 0.33)  # the box's share of the image
 RATIO = (0.3, 3.3)  # its aspect, height / width

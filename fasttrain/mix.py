@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fasttrain.memory_format import memory_format_of
+
 
 @dataclass
 class Draw:
@@ -142,11 +144,3 @@ def apply(
     onehot = F.one_hot(labels, num_classes).float()
     targets = onehot * lam + onehot.roll(1, 0) * (1 - lam)
     return out.contiguous(memory_format=memory_format_of(images)), targets
-
-
-def memory_format_of(x: Tensor) -> torch.memory_format:
-    """channels_last where ``x`` is (and not also plainly contiguous), else contiguous: what an
-    augmentation's output keeps of its input."""
-    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return torch.contiguous_format
