@@ -83,6 +83,21 @@ def compile_options(cfg: Config) -> dict:
     return compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
 
 
+def build_evaluator(cfg: Config, dist: DistState, model: nn.Module, batch_size: int) -> Evaluator:
+    """The evaluation of ``model`` the flags describe (precision, --compile, --cuda-graphs): one
+    place for the run's model, its average and ``evaluate``."""
+    t = cfg.train
+    return Evaluator(
+        model,
+        amp_dtype(cfg),
+        t.compile,
+        batch_size,
+        compile_options=compile_options(cfg) if t.compile else None,
+        cuda_graphs=t.cuda_graphs,
+        dist=dist,
+    )
+
+
 def build_training(
     cfg: Config,
     dist: DistState,
@@ -189,21 +204,9 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
     )
     evaluator = ema_evaluator = None
     if data.val is not None and cfg.run.eval_every > 0:
-
-        def evaluator_of(model: nn.Module) -> Evaluator:
-            return Evaluator(
-                model,
-                amp_dtype(cfg),
-                t.compile,
-                loader_batch,
-                compile_options=compile_options(cfg) if t.compile else None,
-                cuda_graphs=t.cuda_graphs,
-                dist=dist,
-            )
-
-        evaluator = evaluator_of(training.model)
+        evaluator = build_evaluator(cfg, dist, training.model, loader_batch)
         if training.ema is not None:
-            ema_evaluator = evaluator_of(training.ema.module)
+            ema_evaluator = build_evaluator(cfg, dist, training.ema.module, loader_batch)
     gpus = dist.world_size * replicas
     return Built(
         data, training, evaluator, loader_batch, global_batch, gpus, steps_per_epoch, ema_evaluator

@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from fasttrain.builder import amp_dtype, compile_options
+from fasttrain.builder import amp_dtype, build_evaluator
 from fasttrain.config import Config
 from fasttrain.data import build_eval_data
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
-from fasttrain.evaluate import Evaluator
 from fasttrain.model import build_configured_model
 from fasttrain.resolve import triton_kernels
 from fasttrain.runtime import (
@@ -69,15 +68,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
                 f"{num_classes}; evaluation needs the file's own classifier: leave "
                 "--num-classes out"
             )
-        evaluator = Evaluator(
-            model,
-            amp_dtype(cfg),
-            t.compile,
-            t.batch_size,
-            compile_options=compile_options(cfg) if t.compile else None,
-            cuda_graphs=t.cuda_graphs,
-            dist=dist,
-        )
+        evaluator = build_evaluator(cfg, dist, model, t.batch_size)
     except UserError:
         if created:
             discard_run_dir(run_dir, dist)
