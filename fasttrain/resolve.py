@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, OptimConfig, TrainConfig
+from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.paths import found_exclude_list
 
@@ -190,34 +190,34 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
         )
 
 
+def _changed(cfg: Config, keys: list[str]) -> list[str]:
+    """The flags of ``keys`` (``section.field``) that ``cfg`` sets away from their defaults."""
+    default = Config()
+
+    def value(c: Config, key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(c, section), name)
+
+    return [OPTION_BY_KEY[k].flag for k in keys if value(cfg, k) != value(default, k)]
+
+
 def _unused_notes(cfg: Config, notes: list[str]) -> None:
     """Settings that only one mode reads, given without it (a schedule's own with another
     schedule, the average's without --model-ema, mixing's without an alpha), are named, not
     silently unused."""
-    o, default = cfg.optim, OptimConfig()
-    own = {"step": ("lr_step_epochs", "lr_gamma"), "poly": ("lr_power",)}
-    unused = [
-        OPTION_BY_KEY[f"optim.{k}"].flag
-        for kind, keys in own.items()
-        if o.lr_schedule != kind
-        for k in keys
-        if getattr(o, k) != getattr(default, k)
-    ]
-    if unused:
-        notes.append(f"{', '.join(unused)}: unused with --lr-schedule {o.lr_schedule}")
-    t, train_default = cfg.train, TrainConfig()
-    ema = [
-        OPTION_BY_KEY[f"train.{k}"].flag
-        for k in ("model_ema_decay", "model_ema_steps", "model_ema_warmup")
-        if getattr(t, k) != getattr(train_default, k)
-    ]
+    o, t = cfg.optim, cfg.train
+    own = {"step": ["optim.lr_step_epochs", "optim.lr_gamma"], "poly": ["optim.lr_power"]}
+    schedule = _changed(
+        cfg, [k for kind, keys in own.items() if o.lr_schedule != kind for k in keys]
+    )
+    if schedule:
+        notes.append(f"{', '.join(schedule)}: unused with --lr-schedule {o.lr_schedule}")
+    ema = _changed(
+        cfg, ["train.model_ema_decay", "train.model_ema_steps", "train.model_ema_warmup"]
+    )
     if ema and not t.model_ema:
         notes.append(f"{', '.join(ema)}: unused without --model-ema")
-    mix = [
-        OPTION_BY_KEY[f"train.{k}"].flag
-        for k in ("mixup_prob", "mixup_switch_prob")
-        if getattr(t, k) != getattr(train_default, k)
-    ]
+    mix = _changed(cfg, ["train.mixup_prob", "train.mixup_switch_prob"])
     if mix and not (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
         notes.append(f"{', '.join(mix)}: unused without --mixup-alpha or --cutmix-alpha")
 
@@ -304,10 +304,7 @@ def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str])
             )
         if gpus < 2:
             raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
-    default = TrainConfig()
-    unused = [
-        OPTION_BY_KEY[f"train.{k}"].flag for k in DDP_ONLY if getattr(t, k) != getattr(default, k)
-    ]
+    unused = _changed(cfg, [f"train.{k}" for k in DDP_ONLY])
     if t.strategy != "ddp" and unused:
         notes.append(
             f"{', '.join(unused)}: {'DDP settings' if len(unused) > 1 else 'a DDP setting'}, "
