@@ -50,8 +50,8 @@ class ModelEma:
         elif (step + 1) % self.every == 0:
             weight = 1 - self.decay_at((step + 1) // self.every)
             torch._foreach_lerp_(self.params, self.source, weight)
-        for mine, theirs in zip(self.buffers, self.source_buffers, strict=True):
-            mine.copy_(theirs)
+        if self.buffers:  # one grouped launch, not one copy per buffer (159 for ResNet-50)
+            torch._foreach_copy_(self.buffers, self.source_buffers)
 
     def _update_on_device(self, step: Tensor) -> None:
         done = step + 1
