@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fasttrain.builder import build_training
+from fasttrain.builder import AMP_DTYPES, build_training
 from fasttrain.config import Config, OptimConfig
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.distributed import DistState
@@ -57,7 +57,7 @@ def make_step(
         num_classes=1000,
         steps=1,
         device=dev,
-        dtype=torch.float16 if amp == "fp16" else torch.bfloat16,
+        dtype=AMP_DTYPES[amp],
         channels_last=True,
         seed=0,
     )

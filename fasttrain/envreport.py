@@ -27,11 +27,11 @@ def _version(dist_name: str, module: str) -> str:
 
 
 def _dali_version() -> str:
-    for dist in ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110"):
-        try:
-            return f"{importlib.metadata.version(dist)} ({dist})"
-        except importlib.metadata.PackageNotFoundError:
-            pass
+    from fasttrain.data.dali import installed_dali_builds
+
+    builds = installed_dali_builds()
+    if builds:  # every pip-installed build: two at once is a problem the report should show
+        return ", ".join(f"{version} ({name})" for name, version in builds.items())
     try:
         import nvidia.dali as dali  # e.g. unpacked onto PYTHONPATH without package metadata
 

@@ -243,7 +243,8 @@ def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot(monkeypatch):
         cfg = resolved(["--data", "/d"], cuda=cuda, dali=dali, notes=notes)
         return cfg.data.loader, notes
 
-    monkeypatch.setattr(dali_module, "installed_dali_builds", lambda: ["nvidia-dali-cuda130"])
+    installed = {"nvidia-dali-cuda130": "2.4.0"}
+    monkeypatch.setattr(dali_module, "installed_dali_builds", lambda: installed)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     assert loader(True, True) == ("dali", [])
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a DALI for another CUDA: said at start

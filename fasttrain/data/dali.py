@@ -26,11 +26,12 @@ is how CI tests the real pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -71,19 +72,16 @@ def require_dali() -> None:
         raise UserError(f"--loader dali: NVIDIA DALI is not installed; {INSTALL_DALI}")
 
 
-def installed_dali_builds() -> list[str]:
-    """The DALI packages pip installed (any CUDA major), by name."""
-    found = []
+def installed_dali_builds() -> dict[str, str]:
+    """The DALI packages pip installed (any CUDA major): name -> version."""
+    found = {}
     for name in (*DALI_BUILDS.values(), "nvidia-dali-cuda110"):
-        try:
-            importlib.metadata.version(name)
-            found.append(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
     return found
 
 
-def dali_cuda_mismatch(torch_cuda: str | None, builds: list[str] | None = None) -> str | None:
+def dali_cuda_mismatch(torch_cuda: str | None, builds: Collection[str] | None = None) -> str | None:
     """A one-line warning when the DALI installed is built for another CUDA major version than
     torch (``torch.version.cuda``), or when two builds share the ``nvidia.dali`` module; None
     when they agree, or without a CUDA torch or a pip-installed DALI."""
