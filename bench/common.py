@@ -37,12 +37,14 @@ def make_step(
     kernels: str = "none",
     amp: str = "bf16",
     fused_bn: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[Callable[[], None], Any, DeviceMeter]:
     """One step variant ('eager', 'compiled', 'eager+graph', 'compiled+graph') as the trainer
     builds it (``builder.build_training``: the sample recipe's optimizer and loss, channels_last,
     compile mode default) on synthetic data, in ``amp`` (bf16 or fp16), with the
     ``--triton-kernels`` named and optionally ``--fused-bn``: a no-argument call that trains one
-    step, the step, and its meter."""
+    step, the step, and its meter. ``overrides``: other settings by config key, e.g.
+    ``{"train.model_ema": True}``."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     cfg = Config()
@@ -51,6 +53,9 @@ def make_step(
     t = cfg.train
     t.amp, t.device, t.strategy, t.triton_kernels = amp, "cuda", "none", kernels
     t.compile, t.compile_mode, t.cuda_graphs = "compiled" in kind, "default", "graph" in kind
+    for key, value in (overrides or {}).items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
     data = SyntheticLoader(
         batch_size=batch,
         image_size=image_size,

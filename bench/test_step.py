@@ -2,7 +2,11 @@
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
 precisions and BatchNorm paths (bf16, fp16, fp16 with ``--fused-bn``) at batch 256 and 512. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
-there). img/s and peak memory in ``extra_info``."""
+there). img/s and peak memory in ``extra_info``.
+
+Then what each recipe piece costs in the compiled, graphed bf16 step at batch 256 (EMA,
+mixup/CutMix, random erasing, gradient clipping, LARS, and torchvision's v2 pieces together),
+and the step at the train sizes of a progressive-resizing schedule (160, 192 and 224 px)."""
 
 from __future__ import annotations
 
@@ -45,3 +49,34 @@ def test_step_path(benchmark, path, batch):
     one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
     time_step(benchmark, one, step, batch)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+# torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)
+V2_PIECES = {"train.model_ema": True, "train.mixup_alpha": 0.2, "train.cutmix_alpha": 1.0,
+             "train.random_erase": 0.1}  # fmt: skip
+# each recipe piece by its settings (config keys), and the Triton kernels it runs with
+PIECES: dict[str, tuple[dict, str]] = {
+    "none": ({}, "none"),
+    "model-ema": ({"train.model_ema": True}, "none"),
+    "mixup+cutmix": ({"train.mixup_alpha": 0.2, "train.cutmix_alpha": 1.0}, "none"),
+    "random-erase 0.25": ({"train.random_erase": 0.25}, "none"),
+    "clip-grad-norm": ({"optim.clip_grad_norm": 1.0}, "none"),
+    "lars triton": ({"optim.opt": "lars"}, "sgd"),  # --opt lars on one GPU process
+    "lars foreach": ({"optim.opt": "lars"}, "none"),  # --opt lars under DDP
+    "v2 pieces": (V2_PIECES, "none"),
+}
+
+
+@pytest.mark.benchmark(group="recipe pieces")
+@pytest.mark.parametrize("piece", list(PIECES))
+def test_recipe_piece(benchmark, piece):
+    overrides, kernels = PIECES[piece]
+    one, step, _ = make_step("compiled+graph", BATCH, kernels=kernels, overrides=overrides)
+    time_step(benchmark, one, step, BATCH)
+
+
+@pytest.mark.benchmark(group="train size")
+@pytest.mark.parametrize("size", [160, 192, 224])
+def test_image_size(benchmark, size):
+    one, step, _ = make_step("compiled+graph", BATCH, image_size=size)
+    time_step(benchmark, one, step, BATCH)

@@ -27,6 +27,7 @@ import torch
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
+from fasttrain.resolution import train_resolution
 
 log = logging.getLogger("fasttrain")
 
@@ -187,9 +188,10 @@ def auto_batch_size(
 
     if dist.is_main:
         log.info("--batch-size auto: trying batch sizes with real steps ...")
+    size = train_resolution(cfg.data).largest  # what fits the largest fits every size
     build = step_builder(
         make_training,
-        cfg.data.image_size,
+        size,
         classes,
         amp_dtype(cfg) or torch.float32,
         cfg.model.channels_last,
@@ -201,7 +203,7 @@ def auto_batch_size(
     if batch == 0:
         raise UserError(
             f"--batch-size auto: not even a batch of 8 fits on {dist.device} ({cfg.model.arch} "
-            f"at {cfg.data.image_size} px) with {HEADROOM:.0%} of its memory free; lower "
+            f"at {size} px) with {HEADROOM:.0%} of its memory free; lower "
             "--image-size or choose a smaller --arch"
         )
     if dist.is_main:

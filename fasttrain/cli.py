@@ -58,6 +58,8 @@ def _check(o: Option, value: Any, where: str) -> Any:
         value = float(value)
         if not math.isfinite(value):
             raise UserError(f"{where}: expected a finite number, got {value}")
+    elif o.parts:
+        value = _parts(o, value, where)
     elif not isinstance(value, str):
         raise UserError(f"{where}: expected a string, got {value!r}")
     else:
@@ -69,6 +71,25 @@ def _check(o: Option, value: Any, where: str) -> Any:
     if o.maximum is not None and value > o.maximum:
         raise UserError(f"{where} must be at most {o.maximum:g} (got {value})")
     return value
+
+
+def _parts(o: Option, value: Any, where: str) -> str | None:
+    """A value of ``o.parts`` integers: ``"a:b:c:d"`` or, from YAML, ``[a, b, c, d]``; the
+    string form either way. ``none`` turns a nullable one off."""
+    if isinstance(value, str) and o.nullable and value.lower() in NULL_WORDS:
+        return None
+    items = value.split(":") if isinstance(value, str) else value
+    ok = isinstance(items, list) and len(items) == o.parts
+    if ok and not isinstance(value, str):  # YAML's numbers must be integers already
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in items)
+    if ok:
+        try:
+            return ":".join(str(int(v)) for v in items)
+        except ValueError:
+            pass
+    raise UserError(
+        f"{where}: expected {o.metavar or f'{o.parts} integers joined by :'}, got {value!r}"
+    )
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -151,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help=help_text,
             )
         else:
-            metavar = None if o.choices else o.flag.lstrip("-").upper().replace("-", "_")
+            metavar = o.metavar or (
+                None if o.choices else o.flag.lstrip("-").upper().replace("-", "_")
+            )
             group.add_argument(
                 o.flag,
                 *o.aliases,

@@ -35,6 +35,9 @@ class Option:
     aliases: tuple[str, ...] = ()
     # (other spelling, value) pairs of choices, e.g. torchvision's "cosineannealinglr"
     synonyms: tuple[tuple[str, str], ...] = ()
+    # a string of this many ':'-separated integers (YAML may give them as a list); 0: any string
+    parts: int = 0
+    metavar: str | None = None  # --help's name for the value (default: the flag's, upper case)
     # (a float must also be finite: NaN and infinity are refused for every option)
     key: str = ""  # "section.field": filled by options()
     type: type = str  # int, float, str or bool: from the field's annotation
@@ -77,6 +80,19 @@ class DataConfig:
         "center-crops this size, unless --val-resize-size / --val-crop-size say otherwise",
         minimum=16,
         aliases=("--train-crop-size",),
+    )
+    progressive_resizing: str | None = option(
+        None,
+        "--progressive-resizing",
+        "train at a size that grows over the run, FFCV's progressive resizing: START px up to "
+        "epoch FROM_EPOCH, END px from epoch TO_EPOCH, linearly in between rounded to a "
+        "multiple of 32 (epochs count from 0; FFCV's ResNet-50 recipes use 160:192). It takes "
+        "the place of --image-size for training, and val's default crop is END. Each size "
+        "compiles and captures its own step once; --batch-size auto sizes the batch for the "
+        "largest. YAML: the same string, or a list of the four numbers; none: off",
+        nullable=True,
+        parts=4,
+        metavar="START:END:FROM_EPOCH:TO_EPOCH",
     )
     auto_augment: str = option(
         "none",

@@ -198,6 +198,8 @@ class GraphedStep:
       graph at no cost. Nothing may run a backward outside the graph afterwards.
     - **LR:** computed in the graph by ``Schedule.lr_tensor`` from a device step counter that
       the graph increments, into the tensor the fused optimizer reads.
+    - **A new input shape** (``--progressive-resizing``'s next size) drops the graph and its
+      memory pool, warms up at the new shape (compiling it, once per size) and captures again.
     - **Failure:** if capture fails, the warning names the op that broke it, and training goes on
       with ``base``, ungraphed.
     """
@@ -220,6 +222,7 @@ class GraphedStep:
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[Batch] = []
+        self.shapes: tuple | None = None  # the input shapes being warmed up or captured
         self.warmed = 0
         self.capture_failed = False
         self.capture_s: float | None = None
@@ -240,6 +243,19 @@ class GraphedStep:
     def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None:
         if self.capture_failed:
             return self.base(batches, meter, step)
+        shapes = tuple(tuple(x.shape) for x, _ in batches)
+        if shapes != self.shapes:
+            if self.shapes is not None:
+                log.info(
+                    "--cuda-graphs: the input is now %s (was %s): warming up and capturing the "
+                    "step again",
+                    "x".join(map(str, shapes[0])),
+                    "x".join(map(str, self.shapes[0])),
+                )
+            if self.graph is not None:  # its replays left gradients in its pool
+                self.base.optimizer.zero_grad(set_to_none=True)
+            self.graph, self.static, self.warmed = None, [], 0  # frees the old graph's pool
+            self.shapes = shapes
         if self.graph is None:
             if self.warmed == 0:  # the optimizer reads its LR from the device from now on
                 self.step_t.fill_(step)

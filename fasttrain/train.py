@@ -27,6 +27,7 @@ from fasttrain.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
 from fasttrain.parallel import average_bn_statistics
 from fasttrain.profiling import RunProfiler, StepTimer, report_profile, span
+from fasttrain.resolution import train_resolution
 from fasttrain.runtime import discard_run_dir, prepare_run_dir
 from fasttrain.setup import set_up, total_steps
 
@@ -63,6 +64,12 @@ class Trainer:
             "global_batch": built.global_batch,
             "steps_per_epoch": built.steps_per_epoch,
         }
+        self.resolution = train_resolution(cfg.data)
+        self.size = self.resolution.size_at(start_step // self.steps_per_epoch)
+        self.resized: tuple[int, float] | None = None  # a new size's first step and start time
+        if self.resolution.progressive:
+            self.summary["resizes"] = []
+            log.info("--progressive-resizing: %s", self.resolution.describe(cfg.train.epochs))
         self.lr = 0.0  # the LR of the last step, for the log
         self.stopped = False
         self.last_eval: dict[str, float] | None = None
@@ -102,6 +109,17 @@ class Trainer:
         """The rest of the current epoch, then its evaluation and checkpoint."""
         epoch, in_epoch = divmod(self.step, self.steps_per_epoch)
         r = self.cfg.run
+        size = self.resolution.size_at(epoch)
+        if size != self.size:
+            log.info(
+                "epoch %d trains on %d px crops (was %d): the loader, the compiled step and its "
+                "CUDA graph change to the new size first",
+                epoch,
+                size,
+                self.size,
+            )
+            self.size = size
+            self.resized = (self.step, time.perf_counter())
         for batches, data_wait in self.batches(epoch, in_epoch):
             self.train_step(batches, data_wait)
             agreed = self.step % r.log_every == 0 and self.log(epoch)
@@ -154,6 +172,8 @@ class Trainer:
         self.metrics.step_done(self.built.global_batch, data_wait)
         if self.step == self.start_step + 1:
             self.first_step_done(t_step)
+        elif self.resized is not None and self.step == self.resized[0] + 1:
+            self.first_resized_step_done()
 
     def first_step_done(self, t_step: float) -> None:
         """A one-off sync, to report start-up cost (not the steady state)."""
@@ -168,6 +188,21 @@ class Trainer:
             self.summary["first_step_s"],
             " (compiling it, and tuning if on)" if self.cfg.train.compile else "",
         )
+        self.metrics.restart_interval()
+
+    def first_resized_step_done(self) -> None:
+        """A one-off sync at a new size: what the change cost (the loader's rebuild, a compile
+        the first time a size is seen, the step), for the log and summary.json."""
+        assert self.resized is not None
+        if self.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.dist.device)
+        seconds = time.perf_counter() - self.resized[1]
+        epoch = self.resized[0] // self.steps_per_epoch
+        self.summary["resizes"].append({"epoch": epoch, "size": self.size, "first_step_s": seconds})
+        log.info(
+            "the first step at %d px was done %.1f s after the epoch began", self.size, seconds
+        )
+        self.resized = None
         self.metrics.restart_interval()
 
     def log(self, epoch: int) -> bool:
@@ -251,7 +286,7 @@ class Trainer:
         t = self.cfg.train
         return OutOfMemory(
             f"out of GPU memory at --batch-size {t.batch_size} ({self.cfg.model.arch}, "
-            f"{self.cfg.data.image_size} px, amp {t.amp}): lower --batch-size, and raise "
+            f"{self.size} px, amp {t.amp}): lower --batch-size, and raise "
             f"--accum-steps to keep the same global batch; {kept}"
         )
 

@@ -214,7 +214,9 @@ def test_resolved_config_round_trips_through_config(tmp_path):
 def test_shipped_recipes_are_valid():
     names = sorted(p.name for p in config_dir().glob("*.yaml"))
     assert names == [
+        "resnet50_fast.yaml",
         "resnet50_imagenet.yaml",
+        "resnet50_mlperf.yaml",
         "resnet50_tv_v2.yaml",
         "sample.yaml",
         "sample_cpu.yaml",
@@ -229,6 +231,20 @@ def test_shipped_recipes_are_valid():
 
     assert build_schedule(v2.optim, 1024, 1251, 600).peak_lr == pytest.approx(0.5)
     assert (v2.data.image_size, v2.data.val_resize_size, v2.data.val_crop_size) == (176, 232, 224)
+    # FFCV's 40-epoch ResNet-50 at its global batch (8 x 512): its LR of 1.7, its ramp
+    fast = resolved(["--config", str(config_dir() / "resnet50_fast.yaml"), "--data", "/d"])
+    ffcv = build_schedule(fast.optim, 4096, 312, 40)
+    assert ffcv.peak_lr == pytest.approx(1.7) and ffcv.kind == "poly" and ffcv.power == 1
+    from fasttrain.resolution import train_resolution
+
+    ramp = train_resolution(fast.data)
+    assert [ramp.size_at(e) for e in (0, 29, 30, 31, 32, 33, 34, 39)] == [160] * 4 + [192] * 4
+    assert (fast.data.val_resize_size, fast.data.val_crop_size) == (292, 256)
+    # NVIDIA's MLPerf DGX H100 submission at its global batch (8 x 400): LARS at LR 11.0
+    mlperf = resolved(["--config", str(config_dir() / "resnet50_mlperf.yaml"), "--data", "/d"])
+    assert mlperf.optim.opt == "lars" and mlperf.train.batch_size == 400
+    lars = build_schedule(mlperf.optim, 3200, 400, 37)
+    assert lars.peak_lr == pytest.approx(11.0) and lars.power == 2
     imagenet = yaml.safe_load((config_dir() / "resnet50_imagenet.yaml").read_text())
     assert imagenet["train"]["batch_size"] == 256 and imagenet["train"]["epochs"] == 90
     assert imagenet["optim"]["lr"] == 0.1 and imagenet["optim"]["warmup_epochs"] == 5

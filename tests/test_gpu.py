@@ -60,11 +60,13 @@ def make(
     clip: float | None = None,
     ema: bool = False,
     mix: bool = False,
+    fused_bn: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
-    fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem."""
+    fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem;
+    ``fused_bn``: BatchNorm folded into the convolutions (``FusedResNet``)."""
     torch.manual_seed(0)
-    model = build_model("resnet18", CLASSES, True, DEV, triton_maxpool=maxpool)
+    model = build_model("resnet18", CLASSES, True, DEV, triton_maxpool=maxpool, fused_bn=fused_bn)
     schedule = build_schedule(
         OptimConfig(warmup_epochs=0.5, lr_schedule="cosine"), BATCH * accum, 20, 2
     )
@@ -284,6 +286,32 @@ class SyncingLoss(nn.CrossEntropyLoss):
         return loss
 
 
+def test_a_new_input_size_recaptures_and_replays_its_base_step_exactly(caplog):
+    """--progressive-resizing's shape changes: the graphed step drops its graph at each new
+    size, warms up and captures again, and still trains exactly as its base step does, a
+    return to an earlier size included."""
+    sizes = [64] * 6 + [96] * 6 + [64] * 5
+    data = [batch_at(size, i) for i, size in enumerate(sizes)]
+    ref_model, ref_step = make("eager")
+    ref_losses = train(ref_step, data)
+    model, step = make("eager+graph")
+    with caplog.at_level(logging.INFO, logger="fasttrain"):
+        losses = train(step, data)
+    captures = [r for r in caplog.records if "captured the training step" in r.getMessage()]
+    assert len(captures) == 3 and step.graph is not None and not step.capture_failed
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    assert rel(flat(model), flat(ref_model)) < 1e-6
+
+
+def batch_at(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One learnable batch (as ``batches``) at ``size`` px."""
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.randn(CLASSES, 3, size, size, generator=torch.Generator().manual_seed(99))
+    y = torch.randint(0, CLASSES, (BATCH,), generator=g)
+    x = templates[y] + torch.randn(BATCH, 3, size, size, generator=g)
+    return x.to(DEV, torch.bfloat16).contiguous(memory_format=torch.channels_last), y.to(DEV)
+
+
 def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
     data = batches(6)
     _model, step = make("eager+graph", criterion=SyncingLoss())
@@ -306,14 +334,33 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
         "compiled+graph",
         "compiled+graph+triton-sgd",
         "compiled+graph+triton-maxpool",
+        "compiled+graph+recipe",
+        "compiled+graph+fused-bn",
     ],
 )
 def test_steady_state_steps_do_not_sync(kind):
-    """Between two log steps, the loop's per-step work never waits on the device."""
+    """Between two log steps, the loop's per-step work never waits on the device: the plain
+    steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
+    clipping, EMA, mixup/CutMix, random erasing) and on the fused conv + BN path (fp16)."""
     torch.backends.cudnn.benchmark = True
-    base, _, extra = kind.partition("+triton-")
-    _model, step = make(base, triton=extra == "sgd", maxpool=extra == "maxpool")
-    data = batches(4)
+    base, _, extra = kind.partition("+graph+")
+    if extra:
+        base += "+graph"
+    if extra == "fused-bn":
+        pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
+    recipe = extra == "recipe"
+    fp16 = recipe or extra == "fused-bn"
+    _model, step = make(
+        base,
+        amp=torch.float16 if fp16 else torch.bfloat16,
+        triton=extra == "triton-sgd",
+        maxpool=extra == "triton-maxpool",
+        clip=1.0 if recipe else None,
+        ema=recipe,
+        mix=recipe,
+        fused_bn=extra == "fused-bn",
+    )
+    data = batches(4, dtype=torch.float16 if fp16 else torch.bfloat16)
     meter = DeviceMeter(DEV)
     for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth
         step([data[i % 4]], meter, i)

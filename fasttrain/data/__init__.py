@@ -17,6 +17,7 @@ import torch
 from fasttrain.config import DataConfig
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
+from fasttrain.resolution import Resolution, train_resolution
 
 
 class Loader(Protocol):
@@ -65,8 +66,11 @@ def build_data(
     triton_normalize: bool = False,
 ) -> Data:
     """Build the train and val loaders ``cfg.loader`` names; ``loader_state`` resumes the train
-    loader from a checkpoint's ``state_dict()``."""
+    loader from a checkpoint's ``state_dict()``. The train loader crops each epoch at the size
+    ``--image-size`` or ``--progressive-resizing`` gives it (``resolution.py``)."""
     global_batch = batch_size * dist.world_size * accum_steps
+    resolution = train_resolution(cfg)
+    sizes = _train_sizes(resolution)
     if cfg.loader == "synthetic":
         from fasttrain.data.synthetic import IMAGENET_TRAIN_IMAGES, SyntheticLoader
 
@@ -74,7 +78,7 @@ def build_data(
         steps = cfg.synthetic_steps or IMAGENET_TRAIN_IMAGES // global_batch
         train = SyntheticLoader(
             batch_size=batch_size,
-            image_size=cfg.image_size,
+            **sizes,
             num_classes=classes,
             steps=steps,
             device=dist.device,
@@ -109,7 +113,6 @@ def build_data(
             f"images ({per_rank} per process), less than one batch; lower --batch-size"
         )
     common = dict(
-        image_size=cfg.image_size,
         batch_size=batch_size,
         seed=seed,
         rank=dist.rank,
@@ -135,6 +138,7 @@ def build_data(
             buffers=accum_steps,
             state=loader_state,
             auto_augment=cfg.auto_augment,
+            **sizes,
             **dali,
         )
         val = DaliLoader(ds.val, train=False, **{**dali, **_val_sizes(cfg)})
@@ -144,7 +148,9 @@ def build_data(
         )
     else:
         tv = dict(workers=cfg.workers, triton_normalize=triton_normalize, **common)
-        train = build_torchvision_loader(ds.train, train=True, auto_augment=cfg.auto_augment, **tv)
+        train = build_torchvision_loader(
+            ds.train, train=True, auto_augment=cfg.auto_augment, **sizes, **tv
+        )
         val = build_torchvision_loader(ds.val, train=False, **{**tv, **_val_sizes(cfg)})
         how = f"torchvision loader with {cfg.workers} workers"
     return Data(
@@ -155,6 +161,15 @@ def build_data(
         f"{classes} classes, {how}"
         + (f"; leaving out the {len(exclude)} files in {cfg.exclude_list}" if exclude else ""),
     )
+
+
+def _train_sizes(resolution: Resolution) -> dict:
+    """A train loader's size arguments: the first epoch's crop, and the schedule when the size
+    changes over the run."""
+    return {
+        "image_size": resolution.size_at(0),
+        "resolution": resolution if resolution.progressive else None,
+    }
 
 
 def _val_sizes(cfg: DataConfig) -> dict:

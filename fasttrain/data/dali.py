@@ -39,6 +39,7 @@ import torch
 from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD, val_resize
 from fasttrain.errors import RuntimeFault, UserError
 from fasttrain.profiling import span
+from fasttrain.resolution import Resolution
 
 READER = "Reader"
 # how DALI's file reader names the file it failed on ("File mapping failed: /path/x.jpg")
@@ -235,12 +236,15 @@ class DaliLoader:
         prefetch: int = 4,
         resize: int | None = None,
         auto_augment: str = "none",
+        resolution: Resolution | None = None,
     ):
         """``image_size``: the train crop, or val's center crop. ``buffers``: how many batches
         the caller holds at once (``--accum-steps``); each gets its own fixed buffer, reused
         round-robin. ``state``: from ``state_dict()``, to resume. ``prefetch``: DALI's prefetch
         queue depth. ``resize``: val's shorter side before the crop (default crop / 0.875).
-        ``auto_augment``: train only, ``ta_wide`` or ``ra`` (``_auto_augment``), or none."""
+        ``auto_augment``: train only, ``ta_wide`` or ``ra`` (``_auto_augment``), or none.
+        ``resolution``: train only, the crop size of each epoch (default: ``image_size``
+        throughout); a new size rebuilds the pipeline from its own checkpoint (``_resize``)."""
         require_dali()
         if state is not None and len(state["dali"]) != 1:
             state = None  # saved by 0.1.0 with several pipelines: take up the epoch afresh
@@ -257,24 +261,30 @@ class DaliLoader:
         train_pipeline, val_pipeline = _pipelines()
         val_args = () if train else (resize or val_resize(image_size),)
         train_args = {"auto_augment": auto_augment} if train else {}
-        self.pipe = (train_pipeline if train else val_pipeline)(
-            files,
-            labels,
-            rank,
-            world,
-            image_size,
-            gpu,
-            hw_decoder_load,
-            *val_args,
-            **train_args,
-            batch_size=batch_size,
-            num_threads=threads,
-            device_id=local_rank if gpu else None,
-            seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
-            prefetch_queue_depth=prefetch,
-            **({"checkpoint": state["dali"][0]} if state else {}),
-        )
-        self.pipe.build()
+        pipeline = train_pipeline if train else val_pipeline
+
+        def build(size: int, checkpoint: str | None):
+            pipe = pipeline(
+                files,
+                labels,
+                rank,
+                world,
+                size,
+                gpu,
+                hw_decoder_load,
+                *val_args,
+                **train_args,
+                batch_size=batch_size,
+                num_threads=threads,
+                device_id=local_rank if gpu else None,
+                seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
+                prefetch_queue_depth=prefetch,
+                **({"checkpoint": checkpoint} if checkpoint is not None else {}),
+            )
+            pipe.build()
+            return pipe
+
+        self._build = build
         self.runs_per_epoch = math.ceil(math.ceil(n / world) / batch_size)
         if train:  # the same count for every rank: fixed shapes, equal steps
             self.batches = n // world // batch_size
@@ -287,17 +297,13 @@ class DaliLoader:
         self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
         self.fresh = state is None  # nothing run yet, nothing restored
-        # fixed output buffers: NHWC storage, handed out as channels_last NCHW views
-        self.buffers = [
-            (
-                torch.empty(
-                    (batch_size, image_size, image_size, 3), dtype=torch.float16, device=device
-                ),
-                torch.empty((batch_size, 1), dtype=torch.int32, device=device),
-                torch.empty((batch_size,), dtype=torch.int64, device=device),
-            )
-            for _ in range(buffers)
-        ]
+        self.resolution = resolution if train else None
+        self.size = resolution.size_at(self.epoch) if self.resolution else image_size
+        self.pipe = build(self.size, state["dali"][0] if state else None)
+        # fixed output buffers per crop size: NHWC storage, handed out as channels_last NCHW
+        # views; one set per --accum-steps micro-batch, reused round-robin
+        self.n_buffers = buffers
+        self.buffers: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.channels_last = channels_last
         # every batch lands in the same tensors, unless made contiguous NCHW (a copy)
         self.fixed_buffers = channels_last
@@ -346,12 +352,24 @@ class DaliLoader:
             self._skip(self.runs_per_epoch * (epoch - self.epoch))
             self.runs = 0
             self.epoch = epoch
+        if self.resolution is not None and self.resolution.size_at(epoch) != self.size:
+            self._resize(self.resolution.size_at(epoch))
         if self.runs != start_batch:
             raise RuntimeError(
                 f"the DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for "
                 f"batch {start_batch}"
             )
         self.start_batch = start_batch
+
+    def _resize(self, size: int) -> None:
+        """Crop at ``size`` from here on. The crop size is fixed in a DALI graph, so a new
+        pipeline is built and restored from the old one's checkpoint: the reader's position and
+        every random draw carry over, and the samples and their crop windows are the ones the
+        old pipeline would have produced, at the new size."""
+        checkpoint = self.pipe.checkpoint()
+        self.pipe = None  # its buffers go before the new pipeline allocates its own
+        self.pipe = self._build(size, checkpoint)
+        self.size = size
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch.
@@ -365,7 +383,17 @@ class DaliLoader:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        images_nhwc, labels_i32, labels_i64 = self.buffers[slot]
+        if self.size not in self.buffers:
+            shape = (self.batch_size, self.size, self.size, 3)
+            self.buffers[self.size] = [
+                (
+                    torch.empty(shape, dtype=torch.float16, device=self.device),
+                    torch.empty((self.batch_size, 1), dtype=torch.int32, device=self.device),
+                    torch.empty((self.batch_size,), dtype=torch.int64, device=self.device),
+                )
+                for _ in range(self.n_buffers)
+            ]
+        images_nhwc, labels_i32, labels_i64 = self.buffers[self.size][slot]
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
         feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
@@ -377,7 +405,7 @@ class DaliLoader:
             images, labels = self._run()
             self.runs += 1
             with span("fasttrain.copy_in"):
-                x, y = self._copy_out(images, labels, i % len(self.buffers))
+                x, y = self._copy_out(images, labels, i % self.n_buffers)
             if not self.train:  # padding past this rank's shard is not a sample
                 first_pad = self.shard_len - i * self.batch_size
                 if first_pad < self.batch_size:

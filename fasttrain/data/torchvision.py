@@ -24,6 +24,7 @@ from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from fasttrain.profiling import span
+from fasttrain.resolution import Resolution
 
 log = logging.getLogger("fasttrain")
 
@@ -102,11 +103,15 @@ class ImageFolderDataset(Dataset):
         seed: int,
         resize: int | None = None,
         auto_augment: str = "none",
+        resolution: Resolution | None = None,
     ):
+        """``resolution``: train only, the crop size of each epoch (default: ``image_size``
+        throughout); the epoch comes with each index, so workers need no message to change."""
         self.samples = samples
         self.train = train
         self.augment = _auto_augment(auto_augment) if train else None
         self.image_size = image_size
+        self.resolution = resolution or Resolution.fixed(image_size)
         # val: the shorter side before the center crop; 224 -> 256, as in the ImageNet references
         self.resize = resize or val_resize(image_size)
         self.seed = seed
@@ -124,9 +129,8 @@ class ImageFolderDataset(Dataset):
         if self.train:
             rng = random.Random(f"{self.seed}-{epoch}-{index}")
             top, left, h, w = random_resized_crop_params(rng, img.width, img.height)
-            img = F.resized_crop(
-                img, top, left, h, w, [self.image_size, self.image_size], antialias=True
-            )
+            size = self.resolution.size_at(epoch)
+            img = F.resized_crop(img, top, left, h, w, [size, size], antialias=True)
             if rng.random() < 0.5:
                 img = F.hflip(img)
             if self.augment is not None:  # its draws seeded per sample too: resumable
@@ -321,10 +325,11 @@ def build_torchvision_loader(
     triton_normalize: bool = False,
     resize: int | None = None,
     auto_augment: str = "none",
+    resolution: Resolution | None = None,
 ) -> DeviceLoader:
     """``image_size``: the train crop, or val's center crop; ``resize``: val's shorter side
-    before it (default ``val_resize(image_size)``)."""
-    dataset = ImageFolderDataset(samples, train, image_size, seed, resize, auto_augment)
+    before it (default ``val_resize(image_size)``); ``resolution``: train's crop per epoch."""
+    dataset = ImageFolderDataset(samples, train, image_size, seed, resize, auto_augment, resolution)
     sampler: TrainSampler | ValSampler
     if train:
         sampler = TrainSampler(len(samples), rank, world, seed, batch_size)

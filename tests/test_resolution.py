@@ -1,0 +1,192 @@
+"""--progressive-resizing: the schedule against FFCV's, its flag and YAML forms, and every train
+loader changing size with the epoch (DALI by rebuilding its pipeline from its own checkpoint),
+with exact resume across a size change."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fasttrain.cli import parse_args
+from fasttrain.data.folder import scan_folder
+from fasttrain.data.synthetic import SyntheticLoader
+from fasttrain.data.torchvision import ImageFolderDataset
+from fasttrain.errors import UserError
+from fasttrain.resolution import Resolution
+from tests.conftest import FAST, assert_exact_resume
+from tests.test_config import resolved
+
+
+def ffcv_resolution(epoch, min_res, max_res, end_ramp, start_ramp):
+    """ffcv-imagenet's train_imagenet.py ``get_resolution``, the schedule's reference."""
+    if epoch <= start_ramp:
+        return min_res
+    if epoch >= end_ramp:
+        return max_res
+    interp = np.interp([epoch], [start_ramp, end_ramp], [min_res, max_res])
+    return int(np.round(interp[0] / 32)) * 32
+
+
+@pytest.mark.parametrize(
+    "start, end, first, last",
+    [
+        (160, 192, 11, 13),
+        (160, 192, 29, 34),
+        (160, 192, 65, 76),
+        (128, 256, 2, 20),
+        (160, 160, 0, 0),
+    ],
+)
+def test_sizes_are_ffcvs(start, end, first, last):
+    r = Resolution.parse(f"{start}:{end}:{first}:{last}")
+    for epoch in range(last + 5):
+        assert r.size_at(epoch) == ffcv_resolution(epoch, start, end, last, first), epoch
+    assert r.largest == end
+
+
+def test_sizes_lists_each_change_once_and_describe_says_when():
+    r = Resolution(160, 192, 11, 13)
+    assert r.sizes(16) == [160, 192] and r.sizes(10) == [160]
+    assert r.describe(16) == "160 px from epoch 0, 192 px from epoch 12"
+    assert Resolution(128, 256, 0, 4).sizes(6) == [128, 160, 192, 224, 256]
+    assert not Resolution.fixed(224).progressive and Resolution(160, 192).progressive
+
+
+def test_interpolated_sizes_stay_between_the_ends():
+    """Rounding to 32 never leaves [START, END] when the ends are not multiples of 32."""
+    r = Resolution(176, 200, 0, 10)
+    assert all(176 <= r.size_at(e) <= 200 for e in range(12))
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("160:192:11", "expected START:END:FROM_EPOCH:TO_EPOCH"),
+        ("160:192:a:13", "expected START:END:FROM_EPOCH:TO_EPOCH"),
+        ("16:192:0:4", "at least 32 px"),
+        ("160:192:13:11", "TO_EPOCH at least FROM_EPOCH"),
+    ],
+)
+def test_a_bad_schedule_is_one_line_naming_the_flag(run, value, says):
+    code, err = run(*FAST, "--loader", "synthetic", "--progressive-resizing", value)
+    assert code == 2 and "--progressive-resizing" in err and says in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_flag_and_a_yaml_list_give_the_same_schedule(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"data": {"progressive_resizing": [160, 192, 11, 13]}}))
+    from_yaml, _ = parse_args(["--config", str(recipe)], cuda_available=False)
+    from_flag, _ = parse_args(["--progressive-resizing", "160:192:11:13"], cuda_available=False)
+    assert from_yaml.data.progressive_resizing == from_flag.data.progressive_resizing
+    assert from_flag.data.progressive_resizing == "160:192:11:13"
+    off, _ = parse_args(["--progressive-resizing", "none"], cuda_available=False)
+    assert off.data.progressive_resizing is None
+    recipe.write_text(yaml.safe_dump({"data": {"progressive_resizing": [160, 192.5, 11, 13]}}))
+    with pytest.raises(UserError, match=r"r\.yaml: data\.progressive_resizing: expected START"):
+        parse_args(["--config", str(recipe)], cuda_available=False)
+
+
+def test_val_crops_at_the_final_size_and_a_given_image_size_is_named_unused():
+    notes: list[str] = []
+    argv = [*FAST, "--loader", "synthetic", "--progressive-resizing", "32:64:0:2"]
+    cfg = resolved(argv, cuda=False, notes=notes)
+    assert cfg.data.val_crop_size == 64
+    assert any("--image-size 32: unused for training" in n for n in notes), notes
+
+
+def test_synthetic_and_torchvision_loaders_change_size_with_the_epoch(tiny_data):
+    r = Resolution(32, 64, 0, 1)
+    synthetic = SyntheticLoader(
+        batch_size=4, image_size=32, num_classes=4, steps=2, device=torch.device("cpu"),
+        dtype=torch.float32, channels_last=True, seed=0, resolution=r,
+    )  # fmt: skip
+    shapes = []
+    for epoch in (0, 1, 0):
+        synthetic.set_epoch(epoch)
+        shapes.append(next(iter(synthetic))[0].shape[-1])
+    assert shapes == [32, 64, 32]
+    samples = scan_folder(tiny_data).train
+    dataset = ImageFolderDataset(samples, True, 32, seed=0, resolution=r)
+    assert dataset[(0, 0)][0].shape == (32, 32, 3) and dataset[(0, 1)][0].shape == (64, 64, 3)
+
+
+def test_dali_changes_size_at_the_epoch_with_the_samples_and_crops_it_would_have_had(tiny_data):
+    """A new size rebuilds DALI's pipeline from its own checkpoint: the same samples, in the
+    same order, as a pipeline that never changed size, and the same crop windows (the smaller
+    crop matches the larger one resized)."""
+    pytest.importorskip("nvidia.dali")
+    from tests.test_dali import epoch, indexed, loader
+
+    samples = indexed(scan_folder(tiny_data).train)
+    fixed = loader(samples, batch_size=32)
+    ref = epoch(fixed, 0) + epoch(fixed, 1) + epoch(fixed, 2)
+    growing = loader(samples, batch_size=32, resolution=Resolution(32, 64, 1, 2))
+    got = epoch(growing, 0) + epoch(growing, 1) + epoch(growing, 2)
+    per_epoch = len(ref) // 3
+    assert [x.shape[-1] for x, _ in got] == [32] * per_epoch * 2 + [64] * per_epoch
+    for (_, ya), (_, yb) in zip(ref, got, strict=True):
+        assert torch.equal(ya, yb)
+    for (xa, _), (xb, _) in zip(ref[: 2 * per_epoch], got[: 2 * per_epoch], strict=True):
+        assert torch.equal(xa, xb)
+    big, small = got[2 * per_epoch][0].float(), ref[2 * per_epoch][0].float()
+    down = torch.nn.functional.interpolate(big, size=32, mode="bilinear", antialias=True)
+    assert (down - small).abs().mean() < 0.15  # the same window, resampled (normalised units)
+
+
+def test_dali_resumes_across_a_size_change(tiny_data):
+    pytest.importorskip("nvidia.dali")
+    from tests.test_dali import epoch, indexed, loader
+
+    samples = indexed(scan_folder(tiny_data).train)
+    r = Resolution(32, 64, 0, 1)
+    a = loader(samples, batch_size=32, resolution=r)
+    epoch(a, 0)
+    a.set_epoch(1)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()  # one batch into the 64 px epoch
+    rest = [(x.clone(), y.clone()) for x, y in it] + epoch(a, 2)
+    b = loader(samples, batch_size=32, resolution=r, state=state)
+    resumed = epoch(b, 1, 1) + epoch(b, 2)
+    assert len(resumed) == len(rest) and rest[0][0].shape[-1] == 64
+    for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_a_progressive_dali_run_resumes_bitwise_and_reports_the_change(run, tiny_data, tmp_path):
+    """Through the CLI: 32 px in epoch 0, 64 px in epoch 1; interrupted at step 4 (epoch 0) and
+    at step 6 (the epoch's end, before the change) and resumed, it ends bitwise where the
+    uninterrupted run does."""
+    pytest.importorskip("nvidia.dali")
+    common = ["--data", tiny_data, *FAST, "--loader", "dali", "--dali-threads", "2",
+              "--epochs", "2", "--accum-steps", "2", "--log-every", "2", "--eval-every", "0",
+              "--progressive-resizing", "32:64:0:1"]  # fmt: skip
+    assert_exact_resume(run, common, tmp_path, steps=12)
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert [(r["epoch"], r["size"]) for r in summary["resizes"]] == [(1, 64)]
+    log = (tmp_path / "whole" / "log-rank0.txt").read_text()
+    assert "--progressive-resizing: 32 px from epoch 0, 64 px from epoch 1" in log
+    assert "epoch 1 trains on 64 px crops (was 32)" in log
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dali_on_the_gpu_rebuilds_its_pipeline_at_a_new_size(tiny_data):
+    """The GPU pipeline (mixed decoder, hardware JPEG decode) rebuilt from its checkpoint: the
+    labels go on as a pipeline that never changed size, at the new size."""
+    pytest.importorskip("nvidia.dali")
+    from tests.test_dali import epoch, indexed, loader
+
+    samples = indexed(scan_folder(tiny_data).train)
+    fixed = loader(samples, batch_size=32, device="cuda")
+    ref = epoch(fixed, 0) + epoch(fixed, 1)
+    growing = loader(samples, batch_size=32, device="cuda", resolution=Resolution(32, 64, 0, 1))
+    got = epoch(growing, 0) + epoch(growing, 1)
+    per_epoch = len(ref) // 2
+    assert [x.shape[-1] for x, _ in got] == [32] * per_epoch + [64] * per_epoch
+    assert all(x.is_cuda for x, _ in got)
+    for (_, ya), (_, yb) in zip(ref, got, strict=True):
+        assert torch.equal(ya, yb)
