@@ -276,8 +276,9 @@ class OptimConfig:
         "sgd",
         "--opt",
         "optimizer: sgd (momentum, weight decay) or lars (layer-wise trust ratios for large "
-        "global batches, as MLPerf's ResNet-50: a Triton kernel over flat buffers on one GPU "
-        "process, torch's foreach ops on the CPU and under DDP)",
+        "global batches, as MLPerf's ResNet-50), both in torch's ops on every device; "
+        "--triton-kernels sgd runs either as fasttrain's Triton kernel over flat buffers on one "
+        "GPU process",
         choices=("sgd", "lars"),
     )
     lars_eta: float = option(0.001, "--lars-eta", "LARS trust coefficient", minimum=0)

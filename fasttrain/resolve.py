@@ -339,8 +339,8 @@ def _resolve_kernels(cfg: Config) -> None:
         picked = {
             "normalize": gpu and cfg.data.loader == "torchvision",
             "maxpool": gpu and cfg.model.channels_last,  # its tiles read channels contiguously
-            # LARS: one launch over flat buffers, where no DDP bucket needs the gradients
-            "sgd": gpu and cfg.optim.opt == "lars" and t.strategy == "none",
+            # not sgd, for LARS either: torch's foreach LARS made the graphed ResNet-50 step
+            # 1.6% faster than the Triton kernel on an H200 (BENCHMARKS.md, recipe pieces)
         }
         kernels = {k for k, on in picked.items() if on}
     else:
