@@ -58,7 +58,7 @@ def check_data(argv: Sequence[str]) -> int:
     checked, bad = find_bad_files(
         args.dir, max(1, args.workers), progress=lambda i, n: say(f"checked {i:,} / {n:,}")
     )
-    from fasttrain.data.dali import dali_available
+    from fasttrain.data.dali_install import dali_available
 
     if dali_available() and not args.no_dali:
         from fasttrain.data.check import find_dali_rejects

@@ -27,7 +27,7 @@ def _version(dist_name: str, module: str) -> str:
 
 
 def _dali_version() -> str:
-    from fasttrain.data.dali import installed_dali_builds
+    from fasttrain.data.dali_install import installed_dali_builds
 
     builds = installed_dali_builds()
     if builds:  # every pip-installed build: two at once is a problem the report should show
@@ -99,7 +99,7 @@ def env_report() -> str:
     lines.append(f"NCCL         {nccl}")
     lines.append(f"triton       {_version('triton', 'triton')}")
     lines.append(f"DALI         {_dali_version()}")
-    from fasttrain.data.dali import dali_cuda_mismatch
+    from fasttrain.data.dali_install import dali_cuda_mismatch
 
     mismatch = dali_cuda_mismatch(torch.version.cuda)
     if mismatch:

@@ -18,6 +18,7 @@ from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.paths import found_exclude_list
 from fasttrain.resolution import Resolution
+from fasttrain.runs import newest_run_of
 
 if TYPE_CHECKING:
     from fasttrain.distributed import DistState
@@ -69,12 +70,12 @@ def resolve(
     _resolve_compile(t, notes, sample=d.path is None and d.loader != "synthetic")
     if d.loader == "auto":
         if dali is None:
-            from fasttrain.data.dali import dali_available
+            from fasttrain.data.dali_install import dali_available
 
             dali = dali_available()
         d.loader = "dali" if t.device == "cuda" and dali else "torchvision"
         if t.device == "cuda" and not dali:
-            from fasttrain.data.dali import INSTALL_DALI
+            from fasttrain.data.dali_install import INSTALL_DALI
 
             notes.append(
                 "DALI is not installed, so the torchvision loader decodes on the CPU; "
@@ -83,7 +84,7 @@ def resolve(
     if d.loader == "dali" and t.device == "cuda":
         import torch
 
-        from fasttrain.data.dali import dali_cuda_mismatch
+        from fasttrain.data.dali_install import dali_cuda_mismatch
 
         mismatch = dali_cuda_mismatch(torch.version.cuda)
         if mismatch:
@@ -104,7 +105,7 @@ def resolve(
     _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks
     r = cfg.run
     if r.output_dir is None and r.name is None and r.resume == "auto":
-        found = _newest_run_of(cfg, Path("runs"))
+        found = newest_run_of(cfg, Path("runs"))
         if found is not None:
             r.output_dir = str(found)
             notes.append(
@@ -114,47 +115,6 @@ def resolve(
     if r.output_dir is None:
         r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
     return cfg
-
-
-def _newest_run_of(cfg: Config, runs: Path) -> Path | None:
-    """The run under ``runs`` with a checkpoint whose saved config is ``cfg``'s (but for what a
-    resume may change), the most recently checkpointed first: what ``--resume auto`` without
-    ``--output-dir`` continues. The built-in sample set's path is filled in after this, so a
-    run without ``--data`` matches runs on the sample set."""
-    from fasttrain.checkpoint import list_checkpoints
-
-    mine = cfg.to_dict()
-    candidates = []
-    for run in runs.iterdir() if runs.is_dir() else ():
-        saved_ckpts = list_checkpoints(run)
-        config = run / "config.yaml"
-        if not saved_ckpts or not config.is_file():
-            continue
-        try:
-            theirs = yaml.safe_load(config.read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        if _same_run(mine, theirs):
-            candidates.append((saved_ckpts[0].stat().st_mtime, run))
-    return max(candidates)[1] if candidates else None
-
-
-def _same_run(mine: dict, theirs: Any) -> bool:
-    from fasttrain.checkpoint import RESUME_MAY_CHANGE
-
-    if not isinstance(theirs, dict):
-        return False
-    sample = mine["data"]["path"] is None  # its path (and list) are known after this
-    for section, body in mine.items():
-        for key, value in body.items():
-            name = f"{section}.{key}"
-            if section in RESUME_MAY_CHANGE or name in RESUME_MAY_CHANGE:
-                continue
-            if sample and name in ("data.path", "data.exclude_list"):
-                continue
-            if (theirs.get(section) or {}).get(key) != value:
-                return False
-    return True
 
 
 def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:

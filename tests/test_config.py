@@ -252,7 +252,7 @@ def test_shipped_recipes_are_valid():
 
 
 def test_auto_loader_prefers_dali_on_a_gpu_and_says_when_it_cannot(monkeypatch):
-    import fasttrain.data.dali as dali_module
+    import fasttrain.data.dali_install as dali_module
 
     def loader(cuda, dali):
         notes = []
@@ -463,7 +463,7 @@ def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeyp
 
 
 def test_dali_and_torch_cuda_versions_are_checked_against_each_other():
-    from fasttrain.data.dali import dali_cuda_mismatch
+    from fasttrain.data.dali_install import dali_cuda_mismatch
 
     assert dali_cuda_mismatch("13.0", ["nvidia-dali-cuda130"]) is None
     assert dali_cuda_mismatch("12.4", ["nvidia-dali-cuda120"]) is None

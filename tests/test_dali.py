@@ -193,7 +193,7 @@ def test_dali_cli_run_resumes_bitwise(run, tiny_data, tmp_path, prefetch):
 
 
 def test_missing_dali_is_a_one_line_error_naming_the_extra(run, tiny_data, monkeypatch):
-    import fasttrain.data.dali as dali
+    import fasttrain.data.dali_install as dali
 
     monkeypatch.setattr(dali, "dali_available", lambda: False)
     code, err = run("--data", tiny_data, *FAST, "--loader", "dali")

@@ -289,7 +289,7 @@ def test_env_report(capsys, monkeypatch):
 
 
 def test_env_warns_when_dali_is_built_for_another_cuda(capsys, monkeypatch):
-    import fasttrain.data.dali as dali
+    import fasttrain.data.dali_install as dali
 
     monkeypatch.setattr(dali, "installed_dali_builds", lambda: {"nvidia-dali-cuda120": "2.4.0"})
     monkeypatch.setattr(torch.version, "cuda", "13.0")
