@@ -376,3 +376,56 @@ def test_evaluate_on_two_processes_counts_every_image_once(tiny_data, tmp_path):
     assert results[1]["images"] == results[2]["images"] == 100
     assert results[2]["top1"] == pytest.approx(results[1]["top1"])
     assert results[2]["top5"] == pytest.approx(results[1]["top5"])
+
+
+def _fused_bn_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Two DDP steps of the fused ResNet on this rank's own batch, then the BN averaging that
+    precedes evaluation and checkpoints."""
+    from fasttrain.fused_resnet import FusedResNet
+    from fasttrain.parallel import average_bn_statistics
+
+    dist = join(rank, world, port, timeout_s=120)
+    torch.manual_seed(0)
+    model = FusedResNet("resnet18", num_classes=4).to(memory_format=torch.channels_last)
+    net = wrap_model(model, TrainConfig(strategy="ddp"), dist).net
+    optimizer = build_optimizer(model, OptimConfig(), 0.1)
+    step = build_step(
+        model=net,
+        optimizer=optimizer,
+        criterion=nn.CrossEntropyLoss(),
+        amp_dtype=None,
+        scaler=None,
+        schedule=constant_lr(0.1),
+        compile=False,
+    )
+    g = torch.Generator().manual_seed(10 + rank)  # each rank its own images
+    meter = DeviceMeter(torch.device("cpu"), dist)
+    for i in range(2):
+        x = torch.randn(4, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last)
+        step([(x, torch.randint(0, 4, (4,), generator=g))], meter, i)
+
+    def stats() -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in model.state_dict().items() if "running_" in k}
+
+    before = dist.all_gather_object(stats())
+    average_bn_statistics(model, dist)
+    after = dist.all_gather_object(stats())
+    if rank == 0:
+        torch.save({"before": before, "after": after}, out)
+    del step, net
+    dist.close()
+
+
+def test_fused_bn_ranks_keep_their_own_statistics_and_average_them_for_checkpoints(tmp_path):
+    """--fused-bn under DDP: each rank's BatchNorm running statistics follow its own batches (the
+    fused path's finalize updates them), and the averaging before evaluation and checkpoints
+    leaves every rank with their mean."""
+    out = tmp_path / "fused.pt"
+    mp.spawn(_fused_bn_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    (a, b), (a_avg, b_avg) = got["before"], got["after"]
+    assert a.keys() == b.keys() and len(a) == 2 * 20  # resnet18: 20 BatchNorms
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the ranks' statistics differ
+    for k in a:
+        torch.testing.assert_close(a_avg[k], (a[k] + b[k]) / 2)
+        assert torch.equal(a_avg[k], b_avg[k])
