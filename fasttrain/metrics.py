@@ -24,7 +24,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,17 @@ def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
     kept = [iv for iv in intervals if iv[0] > first_epoch] or intervals[1:]
     seconds = sum(iv[2] for iv in kept)
     return sum(iv[1] for iv in kept) / seconds if seconds > 0 else None
+
+
+def rates_by(
+    intervals: Sequence[tuple[int, float, float]], key: Callable[[int], Any]
+) -> dict[Any, float | None]:
+    """``steady_rate`` of each group of intervals that ``key(epoch)`` makes (e.g. the train size
+    of ``--progressive-resizing``), each group read as a run of its own."""
+    groups: dict[Any, list[tuple[int, float, float]]] = {}
+    for iv in intervals:
+        groups.setdefault(key(iv[0]), []).append(iv)
+    return {k: steady_rate(v) for k, v in groups.items()}
 
 
 INPUT_BOUND = 0.05  # the GPU idle (and the host waiting for data) this share of the time

@@ -24,7 +24,7 @@ from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import OutOfMemory, UserError
 from fasttrain.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
-from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib
+from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib, rates_by
 from fasttrain.parallel import average_bn_statistics
 from fasttrain.profiling import RunProfiler, StepTimer, report_profile, span
 from fasttrain.resolution import train_resolution
@@ -330,6 +330,13 @@ class Trainer:
                 "val": self.last_eval,
             }
         )
+        if self.resolution.progressive:  # the steady rate of each train size, as its own run
+            by_size = rates_by(self.metrics.intervals, self.resolution.size_at)
+            self.summary["img_per_s_by_size"] = {str(k): v for k, v in sorted(by_size.items())}
+            log.info(
+                "img/s by train size: %s",
+                ", ".join(f"{k} px {v:,.0f}" for k, v in sorted(by_size.items()) if v),
+            )
         if dist.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             parts = [

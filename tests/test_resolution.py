@@ -167,6 +167,8 @@ def test_a_progressive_dali_run_resumes_bitwise_and_reports_the_change(run, tiny
     assert_exact_resume(run, common, tmp_path, steps=12)
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
     assert [(r["epoch"], r["size"]) for r in summary["resizes"]] == [(1, 64)]
+    assert summary["img_per_s_by_size"].keys() == {"32", "64"}
+    assert all(rate > 0 for rate in summary["img_per_s_by_size"].values())
     log = (tmp_path / "whole" / "log-rank0.txt").read_text()
     assert "--progressive-resizing: 32 px from epoch 0, 64 px from epoch 1" in log
     assert "epoch 1 trains on 64 px crops (was 32)" in log
@@ -190,3 +192,12 @@ def test_dali_on_the_gpu_rebuilds_its_pipeline_at_a_new_size(tiny_data):
     assert all(x.is_cuda for x, _ in got)
     for (_, ya), (_, yb) in zip(ref, got, strict=True):
         assert torch.equal(ya, yb)
+
+
+def test_rates_by_size_read_each_size_as_a_run_of_its_own():
+    from fasttrain.metrics import rates_by
+
+    r = Resolution(32, 64, 1, 2)  # 32 px in epochs 0-1, 64 px from epoch 2
+    # (epoch, images, seconds): each size's first epoch is left out where it has a later one
+    intervals = [(0, 100, 10.0), (1, 100, 1.0), (2, 50, 1.0), (2, 50, 0.5), (3, 60, 1.0)]
+    assert rates_by(intervals, r.size_at) == {32: 100.0, 64: 60.0}
