@@ -156,12 +156,14 @@ def test_dali_resumes_across_a_size_change(tiny_data):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
-def test_a_progressive_dali_run_resumes_bitwise_and_reports_the_change(run, tiny_data, tmp_path):
+@pytest.mark.parametrize("loader", ["dali", "torchvision"])
+def test_a_progressive_run_resumes_bitwise_and_reports_the_change(run, tiny_data, tmp_path, loader):
     """Through the CLI: 32 px in epoch 0, 64 px in epoch 1; interrupted at step 4 (epoch 0) and
     at step 6 (the epoch's end, before the change) and resumed, it ends bitwise where the
-    uninterrupted run does."""
-    pytest.importorskip("nvidia.dali")
-    common = ["--data", tiny_data, *FAST, "--loader", "dali", "--dali-threads", "2",
+    uninterrupted run does, with either loader."""
+    if loader == "dali":
+        pytest.importorskip("nvidia.dali")
+    common = ["--data", tiny_data, *FAST, "--loader", loader, "--dali-threads", "2",
               "--epochs", "2", "--accum-steps", "2", "--log-every", "2", "--eval-every", "0",
               "--progressive-resizing", "32:64:0:1"]  # fmt: skip
     assert_exact_resume(run, common, tmp_path, steps=12)
