@@ -14,12 +14,11 @@ Needs a GPU and ``pip install --no-deps nvidia-cudnn-frontend``.
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 from collections.abc import Callable
 
 import torch
-from conv_bn_layers import layers, ms  # bench/conv_bn_layers.py, beside this file
+from conv_bn_layers import layers, ms, parse_args  # bench/conv_bn_layers.py, beside this file
 from torch import Tensor
 
 HEURISTICS = ("A", "B", "FALLBACK")
@@ -187,11 +186,7 @@ def measure(c, k, r, stride, pad, size, pro, batch, handle) -> tuple[str, float,
 def main() -> None:
     import cudnn
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", default="resnet50")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    args = p.parse_args()
+    args = parse_args(__doc__)
     torch.backends.cudnn.benchmark = True
     handle = cudnn.create_handle()
     totals: Counter = Counter()

@@ -71,12 +71,17 @@ def ms(fn, reps: int = 20, blocks: int = 5) -> float:
     return statistics.median(out)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(doc: str) -> argparse.Namespace:
+    """The model and batch a layer-by-layer tool measures (this one and conv_bn_backward.py)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--arch", default="resnet50")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--image-size", type=int, default=224)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     rows, totals = [], Counter()

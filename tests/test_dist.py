@@ -61,22 +61,26 @@ def join(rank: int, world: int, port: int, timeout_s: int) -> DistState:
     return DistState.from_env("cpu", timeout_s=timeout_s)
 
 
-def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> None:
-    dist = join(rank, world, port, timeout_s=120)
-    torch.manual_seed(0)
-    model = tiny_net()
-    t = TrainConfig(strategy="ddp" if world > 1 else "none", ddp_comm_hook=hook)
-    net = wrap_model(model, t, dist).net
-    optimizer = build_optimizer(model, OptimConfig(), 0.1)
-    step = build_step(
+def sgd_step(model: nn.Module, net: nn.Module):
+    """An eager fp32 step of ``net`` (``model``, wrapped) with SGD at a constant LR of 0.1."""
+    return build_step(
         model=net,
-        optimizer=optimizer,
+        optimizer=build_optimizer(model, OptimConfig(), 0.1),
         criterion=nn.CrossEntropyLoss(),
         amp_dtype=None,
         scaler=None,
         schedule=constant_lr(0.1),
         compile=False,
     )
+
+
+def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> None:
+    dist = join(rank, world, port, timeout_s=120)
+    torch.manual_seed(0)
+    model = tiny_net()
+    t = TrainConfig(strategy="ddp" if world > 1 else "none", ddp_comm_hook=hook)
+    net = wrap_model(model, t, dist).net
+    step = sgd_step(model, net)
     meter = DeviceMeter(torch.device("cpu"), dist)
     g = torch.Generator().manual_seed(1)
     losses = []
@@ -388,16 +392,7 @@ def _fused_bn_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.manual_seed(0)
     model = FusedResNet("resnet18", num_classes=4).to(memory_format=torch.channels_last)
     net = wrap_model(model, TrainConfig(strategy="ddp"), dist).net
-    optimizer = build_optimizer(model, OptimConfig(), 0.1)
-    step = build_step(
-        model=net,
-        optimizer=optimizer,
-        criterion=nn.CrossEntropyLoss(),
-        amp_dtype=None,
-        scaler=None,
-        schedule=constant_lr(0.1),
-        compile=False,
-    )
+    step = sgd_step(model, net)
     g = torch.Generator().manual_seed(10 + rank)  # each rank its own images
     meter = DeviceMeter(torch.device("cpu"), dist)
     for i in range(2):
