@@ -72,15 +72,6 @@ class Resolution:
         size = ROUND_TO * round((self.start + frac * (self.end - self.start)) / ROUND_TO)
         return min(max(size, min(self.start, self.end)), max(self.start, self.end))
 
-    def sizes(self, epochs: int) -> list[int]:
-        """The distinct sizes of epochs 0 .. ``epochs`` - 1, in the order they are trained."""
-        seen: list[int] = []
-        for epoch in range(max(epochs, 1)):
-            size = self.size_at(epoch)
-            if not seen or seen[-1] != size:
-                seen.append(size)
-        return seen
-
     @property
     def largest(self) -> int:
         """The largest size of the schedule (it sizes ``--batch-size auto``)."""

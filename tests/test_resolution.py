@@ -46,11 +46,14 @@ def test_sizes_are_ffcvs(start, end, first, last):
     assert r.largest == end
 
 
-def test_sizes_lists_each_change_once_and_describe_says_when():
+def test_describe_names_each_change_once():
     r = Resolution(160, 192, 11, 13)
-    assert r.sizes(16) == [160, 192] and r.sizes(10) == [160]
     assert r.describe(16) == "160 px from epoch 0, 192 px from epoch 12"
-    assert Resolution(128, 256, 0, 4).sizes(6) == [128, 160, 192, 224, 256]
+    assert r.describe(10) == "160 px from epoch 0"
+    assert Resolution(128, 256, 0, 4).describe(6) == (
+        "128 px from epoch 0, 160 px from epoch 1, 192 px from epoch 2, 224 px from epoch 3, "
+        "256 px from epoch 4"
+    )
     assert not Resolution.fixed(224).progressive and Resolution(160, 192).progressive
 
 
