@@ -17,7 +17,7 @@ import torch
 from fasttrain.config import DataConfig
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
-from fasttrain.resolution import Resolution, train_resolution
+from fasttrain.resolution import train_resolution
 
 
 class Loader(Protocol):
@@ -70,7 +70,7 @@ def build_data(
     ``--image-size`` or ``--progressive-resizing`` gives it (``resolution.py``)."""
     global_batch = batch_size * dist.world_size * accum_steps
     resolution = train_resolution(cfg)
-    sizes = _train_sizes(resolution)
+    sizes = {"image_size": resolution.size_at(0), "resolution": resolution}  # the train crop
     if cfg.loader == "synthetic":
         from fasttrain.data.synthetic import IMAGENET_TRAIN_IMAGES, SyntheticLoader
 
@@ -161,15 +161,6 @@ def build_data(
         f"{classes} classes, {how}"
         + (f"; leaving out the {len(exclude)} files in {cfg.exclude_list}" if exclude else ""),
     )
-
-
-def _train_sizes(resolution: Resolution) -> dict:
-    """A train loader's size arguments: the first epoch's crop, and the schedule when the size
-    changes over the run."""
-    return {
-        "image_size": resolution.size_at(0),
-        "resolution": resolution if resolution.progressive else None,
-    }
 
 
 def _val_sizes(cfg: DataConfig) -> dict:
