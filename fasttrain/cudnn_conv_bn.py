@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,31 +123,28 @@ def _build_variant(
     return plan
 
 
-def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, padding) -> None:
-    """Build every plan cuDNN ranks for the graph, time each on the call's own shapes, and keep
-    the fastest, as ``cudnn.benchmark`` does for torch's convolutions (heuristics' first choice
-    was several times slower than the bare convolution for some shapes). Under a CUDA-graph
-    capture, nothing can be timed: the heuristics' first plan that builds is kept."""
-    g = plan.graph
+def select_fastest(graph: Any, run: Callable[[int], None]) -> None:
+    """Build every plan cuDNN ranks for ``graph``, time ``run(workspace_bytes)`` (one execution
+    with that plan) on each, and keep the fastest, as ``cudnn.benchmark`` does for torch's
+    convolutions: the heuristics' first choice was several times slower than the bare convolution
+    for some shapes. Under a CUDA-graph capture nothing can be timed: the heuristics' first plan
+    that builds is kept."""
     if torch.cuda.is_current_stream_capturing():
-        g.build_plans()
+        graph.build_plans()
         return
-    c = x.shape[1]
-    vectors = (torch.rand(c, device=x.device) + 0.5, torch.rand(c, device=x.device))
-    vec = vectors if prologue else (None, None)
     best, best_ms = None, float("inf")
-    for index in range(g.get_execution_plan_count()):
+    for index in range(graph.get_execution_plan_count()):
         try:
-            g.build_plan_at_index(index)
+            graph.build_plan_at_index(index)
         except Exception:  # a declined engine: try the next
             continue
-        plan.workspace = g.get_workspace_size()
+        workspace = graph.get_workspace_size()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         try:
-            _execute(plan, x, w, *vec, stride, padding)
+            run(workspace)
             start.record()
             for _ in range(3):
-                _execute(plan, x, w, *vec, stride, padding)
+                run(workspace)
             end.record()
             end.synchronize()
         except Exception:  # a plan that builds but does not run: the next
@@ -155,7 +153,20 @@ def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, p
             best, best_ms = index, start.elapsed_time(end)
     if best is None:
         raise RuntimeError("no plan of the graph builds")
-    g.build_plan_at_index(best)
+    graph.build_plan_at_index(best)
+
+
+def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, padding) -> None:
+    """``select_fastest`` for a conv_bn graph, run on the call's own shapes."""
+    c = x.shape[1]
+    vectors = (torch.rand(c, device=x.device) + 0.5, torch.rand(c, device=x.device))
+    vec = vectors if prologue else (None, None)
+
+    def run(workspace: int) -> None:
+        plan.workspace = workspace
+        _execute(plan, x, w, *vec, stride, padding)
+
+    select_fastest(plan.graph, run)
 
 
 def forward(

@@ -19,6 +19,8 @@ declines, and inductor fuses its BN and ReLU as in the plain model.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 import torchvision
 from torch import Tensor, nn
@@ -33,16 +35,26 @@ BLOCKS = {
     "resnet101": (Bottleneck, [3, 4, 23, 3]),
     "resnet152": (Bottleneck, [3, 8, 36, 3]),
 }
+ALL = frozenset({1, 3})  # the kernel sizes of every convolution that reads a BN: all of them
+
+
+Prologue = tuple[Tensor, Tensor]  # a BN's per-channel scale and bias, from ``bn_finalize``
 
 
 def _conv(
-    x: Tensor, conv: nn.Conv2d, prologue: tuple[Tensor, Tensor] | None = None
+    x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, fold: frozenset[int] = ALL
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """``conv(relu(prologue(x)))`` and its output's sums. The prologue is folded into the
+    convolution where its kernel size is in ``fold``, else applied as an elementwise pass first
+    (which inductor fuses with its neighbours; its output is then saved for the backward instead
+    of recomputed there)."""
     scale, bias = prologue if prologue is not None else (None, None)
+    if prologue is not None and conv.kernel_size[0] not in fold:
+        x, scale, bias = torch.relu(affine(x, *prologue)), None, None
     return conv_bn(x, conv.weight, scale, bias, conv.stride[0], conv.padding[0])
 
 
-def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
+def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> Prologue:
     """``bn``'s scale and bias for ``y``, whose sums ``conv_bn`` returned."""
     return bn_finalize(total, total_sq, y.shape[0] * y.shape[2] * y.shape[3], bn)
 
@@ -55,31 +67,34 @@ def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
     return affine(d, *_bn(d, total, total_sq, bn))
 
 
-def _bottleneck(block: Bottleneck, x: Tensor) -> Tensor:
+def _bottleneck(block: Bottleneck, x: Tensor, fold: frozenset[int]) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1))
-    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2))
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), fold)
+    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), fold)
     return torch.relu(affine(a3, *_bn(a3, t3, q3, block.bn3)) + _identity(block, x))
 
 
-def _basic(block: BasicBlock, x: Tensor) -> Tensor:
+def _basic(block: BasicBlock, x: Tensor, fold: frozenset[int]) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1))
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), fold)
     return torch.relu(affine(a2, *_bn(a2, t2, q2, block.bn2)) + _identity(block, x))
 
 
 class FusedResNet(torchvision.models.ResNet):
     """A torchvision ResNet whose forward folds each BatchNorm into the convolutions around it
-    (module notes). ``arch`` is one of ``BLOCKS``; the rest is ``ResNet``'s arguments."""
+    (module notes). ``arch`` is one of ``BLOCKS``; ``fold`` the kernel sizes of the convolutions
+    that apply the previous BN and ReLU as they read (every one by default; the others read it
+    from an elementwise pass); the rest is ``ResNet``'s arguments."""
 
-    def __init__(self, arch: str, **kwargs):
+    def __init__(self, arch: str, fold: Collection[int] = ALL, **kwargs):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
+        self.fold = frozenset(fold)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
-                x = self.run_block(block, x)
+                x = self.run_block(block, x, self.fold)
         return self.fc(torch.flatten(self.avgpool(x), 1))

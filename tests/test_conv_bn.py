@@ -107,15 +107,19 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
     torch.testing.assert_close(_fused_chain(*fused, x), _reference_chain(*ref, x))
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
-def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch):
+@pytest.mark.parametrize(
+    "arch, fold",
+    [("resnet18", {1, 3}), ("resnet50", {1, 3}), ("resnet50", {3}), ("resnet50", ())],
+)
+def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch, fold):
     """Same seed, same weights and state dict; in fp64 the same logits, gradients and running
-    statistics after a training step, and the same logits in eval mode."""
+    statistics after a training step, and the same logits in eval mode; with every prologue
+    folded into its convolution, only the 3x3 ones', or none (an elementwise pass each)."""
     kw = dict(num_classes=7, zero_init_residual=False)
     torch.manual_seed(0)
     ref = getattr(torchvision.models, arch)(weights=None, **kw).double()
     torch.manual_seed(0)
-    fused = FusedResNet(arch, **kw).double()
+    fused = FusedResNet(arch, fold=fold, **kw).double()
     ref_state, state = ref.state_dict(), fused.state_dict()
     assert list(state) == list(ref_state)
     assert all(torch.equal(state[k], ref_state[k]) for k in state)
