@@ -6,13 +6,17 @@ of either loads into the other. Only ``forward`` differs: each block runs on ``c
 ``bn_finalize`` instead of ``Conv2d -> BatchNorm2d -> ReLU``:
 
     bottleneck(x):  a1, s1 = conv_bn(x)                       # BN1's statistics as conv1 writes
-                    a2, s2 = conv_bn(a1, prologue=BN1+ReLU)   # BN1 applied as conv2 reads
-                    a3, s3 = conv_bn(a2, prologue=BN2+ReLU)
+                    a2, s2 = conv_bn(relu(BN1(a1)))           # BN1 from s1: no statistics pass
+                    a3, s3 = conv_bn(relu(BN2(a2)))
                     identity = x, or BN_d(conv_bn(x))         # the downsample branch
                     out = relu(BN3(a3) + identity)            # one elementwise pass
 
-The BN that ends a block (and the downsample's) has no convolution after it inside the block, so
-it is applied with the residual add and the ReLU, in one elementwise pass. The stem runs as
+So each BN costs one elementwise pass (normalise + ReLU, which inductor fuses with its
+neighbours) instead of plain BN's statistics pass and normalise pass. ``conv_bn`` can also apply
+the normalise + ReLU as the convolution reads its input (``fold``: the prologue), leaving no pass
+at all; measured in the whole step, that is slower (``FOLD``), but it saves memory. The BN that
+ends a block (and the downsample's) has no convolution after it inside the block, so it is
+applied with the residual add and the ReLU, in one elementwise pass. The stem runs as
 torchvision's (Conv2d, BatchNorm2d, ReLU): its 3-channel convolution is one cuDNN's fusion
 declines, and inductor fuses its BN and ReLU as in the plain model.
 """
@@ -36,13 +40,19 @@ BLOCKS = {
     "resnet152": (Bottleneck, [3, 8, 36, 3]),
 }
 ALL = frozenset({1, 3})  # the kernel sizes of every convolution that reads a BN: all of them
+# The kernel sizes whose convolutions fold the previous BN's normalise + ReLU in by default: none.
+# Measured in the whole step (docs/DESIGN.md), folding it in cost more than it saved: cuDNN's
+# prologue kernels are slower than the bare convolution by about one elementwise pass, and the
+# backward must then recompute the prologue for wgrad, where a separate pass's output is saved.
+# Folding it in still saves memory (the normalised activations are never stored).
+FOLD = frozenset()
 
 
 Prologue = tuple[Tensor, Tensor]  # a BN's per-channel scale and bias, from ``bn_finalize``
 
 
 def _conv(
-    x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, fold: frozenset[int] = ALL
+    x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, fold: frozenset[int] = FOLD
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``conv(relu(prologue(x)))`` and its output's sums. The prologue is folded into the
     convolution where its kernel size is in ``fold``, else applied as an elementwise pass first
@@ -83,10 +93,10 @@ def _basic(block: BasicBlock, x: Tensor, fold: frozenset[int]) -> Tensor:
 class FusedResNet(torchvision.models.ResNet):
     """A torchvision ResNet whose forward folds each BatchNorm into the convolutions around it
     (module notes). ``arch`` is one of ``BLOCKS``; ``fold`` the kernel sizes of the convolutions
-    that apply the previous BN and ReLU as they read (every one by default; the others read it
-    from an elementwise pass); the rest is ``ResNet``'s arguments."""
+    that apply the previous BN and ReLU as they read (``FOLD``: none by default; ``ALL`` saves
+    memory); the others read it from an elementwise pass. The rest is ``ResNet``'s arguments."""
 
-    def __init__(self, arch: str, fold: Collection[int] = ALL, **kwargs):
+    def __init__(self, arch: str, fold: Collection[int] = FOLD, **kwargs):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
