@@ -1,6 +1,7 @@
 """The training step alone (ResNet-50, synthetic channels_last data): eager, compiled, and each
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
-precisions and BatchNorm paths (bf16, fp16, fp16 with ``--fused-bn``) at batch 256 and 512. A
+precisions and BatchNorm paths (bf16, fp16, fp16 with ``--fused-bn``) at batch 256 and 512, and
+``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -48,6 +49,29 @@ def test_step_path(benchmark, path, batch):
     amp, fused = path.split()[0], path.endswith("fused-bn")
     one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
     time_step(benchmark, one, step, batch)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+# which convolutions of --fused-bn's model fold the previous BN's normalise + ReLU in as they read
+# (FusedResNet's ``fold``); the others read it from an elementwise pass
+FOLDS = {"none (the default)": (), "3x3": (3,), "all": (1, 3)}
+
+
+@pytest.mark.benchmark(group="fused-bn prologue")
+@pytest.mark.parametrize("fold", list(FOLDS))
+def test_fused_bn_fold(benchmark, fold, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 with the prologue folded into none, the 3x3 or all
+    of the convolutions: what the default (none) was chosen by."""
+    import fasttrain.fused_resnet as fused_resnet
+
+    class Folded(fused_resnet.FusedResNet):
+        def __init__(self, arch: str, **kwargs):
+            super().__init__(arch, fold=FOLDS[fold], **kwargs)
+
+    monkeypatch.setattr(fused_resnet, "FusedResNet", Folded)  # what build_model constructs
+    torch.cuda.reset_peak_memory_stats()
+    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True)
+    time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 

@@ -191,9 +191,9 @@ class ModelConfig:
     fused_bn: bool = option(
         False,
         "--fused-bn",
-        "fold BatchNorm into the convolutions: each convolution applies the previous BN and "
-        "ReLU as it reads its input and sums the next BN's statistics as it writes, so "
-        "activations are not re-read for BN. On a GPU it trains in fp16 (--amp fp16) and needs "
+        "fold BatchNorm into the convolutions: each convolution sums the next BN's statistics "
+        "as it writes its output, so BN reads each activation once (to normalise) instead of "
+        "twice. On a GPU it trains in fp16 (--amp fp16) and needs "
         "the cuDNN frontend (pip install --no-deps nvidia-cudnn-frontend); on the CPU it runs "
         "the same decomposition in plain PyTorch. The weights and checkpoints stay "
         "torchvision's",

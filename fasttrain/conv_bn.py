@@ -16,8 +16,9 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
 reference of the decomposition (``reference``), except on CUDA: cuDNN's fused forward where it
 runs (``cudnn_conv_bn``, fp16), held to the reference by the GPU tests. Its backward
 (``backward``, the autograd formula) is ordinary torch ops on every device, so inductor fuses
-it: cuDNN's fused backward patterns were measured slower than a bare dgrad/wgrad beside
-inductor's kernels (docs/DESIGN.md).
+it: cuDNN's fused backward patterns, measured per layer, lost to a bare dgrad beside inductor's
+kernels everywhere, and won for wgrad only where a prologue must be recomputed, which the default
+model does not fold (docs/DESIGN.md).
 
 Gradients: with ``g`` the gradient of the output plus the sums' gradients (``gsum`` per channel,
 ``2 y gsumsq``), the convolution's dgrad and wgrad take ``g``, and the prologue's backward masks
