@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain import watchdog
+from fasttrain import resume, watchdog
 from fasttrain.builder import Training
 from fasttrain.distributed import DistState
 from fasttrain.errors import NonFiniteLoss
@@ -159,7 +159,7 @@ class NonFiniteWatch:
                 + "; lower --lr or --warmup-epochs up, check the data, or use --on-nan skip"
             )
         path, state = found
-        ckpt.restore_in_place(state, training)
+        resume.restore_in_place(state, training)
         log.warning(
             "%s: restored the weights and optimizer of %s (step %d) and training on from step "
             "%d (--on-nan skip)",

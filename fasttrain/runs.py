@@ -35,7 +35,7 @@ def newest_run_of(cfg: Config, runs: Path) -> Path | None:
 
 
 def _same_run(mine: dict, theirs: Any) -> bool:
-    from fasttrain.checkpoint import RESUME_MAY_CHANGE
+    from fasttrain.resume import RESUME_MAY_CHANGE
 
     if not isinstance(theirs, dict):
         return False

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fasttrain import checkpoint as ckpt
+from fasttrain import resume
 from fasttrain.builder import Built, Training, build
 from fasttrain.cli import save_resolved
 from fasttrain.config import Config
@@ -45,7 +46,7 @@ def set_up(
         if dist.is_main:
             save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
     loader_state = (
-        ckpt.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
+        resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
     built = build(cfg, dist, loader_state)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
@@ -73,8 +74,10 @@ def set_up(
             resumed[0],
         )
     if resumed:
-        step = ckpt.resume(*resumed, cfg, built.training, built.global_batch, built.steps_per_epoch)
-        ckpt.restore_augments(resumed[1], built.training, dist.rank, dist.world_size)
+        step = resume.resume(
+            *resumed, cfg, built.training, built.global_batch, built.steps_per_epoch
+        )
+        resume.restore_augments(resumed[1], built.training, dist.rank, dist.world_size)
     if dist.is_main:
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")

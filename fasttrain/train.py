@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fasttrain import checkpoint as ckpt
+from fasttrain import resume
 from fasttrain.builder import Built
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
@@ -257,7 +258,7 @@ class Trainer:
                 else None
             )
             if self.dist.is_main:
-                state = ckpt.train_state(
+                state = resume.train_state(
                     self.cfg,
                     self.training,
                     loader_states,
@@ -361,7 +362,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
     # restores when it is built)
     resumed = ckpt.find_resume(cfg.run)
-    if resumed is not None and ckpt.finished(resumed[1], cfg):
+    if resumed is not None and resume.finished(resumed[1], cfg):
         step = int(resumed[1]["step"])
         if dist.is_main:
             print(

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fasttrain import checkpoint as ckpt
+from fasttrain import resume
 from fasttrain.errors import UserError
 
 
@@ -99,8 +100,8 @@ def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    saved = ckpt.rng_state()
+    saved = resume.rng_state()
     torch.save(saved, tmp_path / "rng.pt")
     expected = (random.random(), np.random.rand(), torch.rand(1))
-    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    resume.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
