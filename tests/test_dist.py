@@ -168,6 +168,7 @@ def _stop_worker(rank: int, port: int, out: str) -> None:
     meter.samples += 4
     reading = meter.collect(stop=rank == 1)  # only rank 1 was asked to stop
     Path(out).with_suffix(f".{rank}").write_text(json.dumps([*reading.values(), reading.samples]))
+    dist.close()  # left to interpreter exit, gloo's threads can abort the process
 
 
 def test_a_stop_request_on_one_rank_reaches_every_rank_with_the_metrics(tmp_path):
