@@ -43,7 +43,8 @@ ALL = frozenset({1, 3})  # the kernel sizes of every convolution that reads a BN
 # The kernel sizes whose convolutions fold the previous BN's normalise + ReLU in by default: none.
 # Measured in the whole step (docs/DESIGN.md), folding it in cost more than it saved: cuDNN's
 # prologue kernels are slower than the bare convolution by about one elementwise pass, and the
-# backward must then recompute the prologue for wgrad, where a separate pass's output is saved.
+# backward must then recompute the prologue for wgrad (a separate pass's output is an ordinary
+# tensor, which the compiled backward keeps or recomputes as inductor's partitioner chooses).
 # Folding it in still saves memory (the normalised activations are never stored).
 FOLD = frozenset()
 
@@ -55,9 +56,8 @@ def _conv(
     x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, fold: frozenset[int] = FOLD
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``conv(relu(prologue(x)))`` and its output's sums. The prologue is folded into the
-    convolution where its kernel size is in ``fold``, else applied as an elementwise pass first
-    (which inductor fuses with its neighbours; its output is then saved for the backward instead
-    of recomputed there)."""
+    convolution where its kernel size is in ``fold``, else applied as an elementwise pass first,
+    which inductor fuses with its neighbours."""
     scale, bias = prologue if prologue is not None else (None, None)
     if prologue is not None and conv.kernel_size[0] not in fold:
         x, scale, bias = torch.relu(affine(x, *prologue)), None, None
