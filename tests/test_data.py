@@ -19,23 +19,40 @@ from fasttrain.data.torchvision import (
 from tests.conftest import FAST, train_loader
 
 
+def flat(batches):
+    return [pair for batch in batches for pair in batch]
+
+
 def test_train_sampler_shards_are_disjoint_equal_and_batch_aligned():
-    shards = [list(TrainSampler(103, r, 2, seed=0, batch_size=8)) for r in range(2)]
-    idx = [[i for i, _ in s] for s in shards]
+    shards = [list(TrainSampler(103, r, 2, seed=0, batch_at=lambda e: 8)) for r in range(2)]
+    assert all(len(b) == 8 for s in shards for b in s)
+    idx = [[i for i, _ in flat(s)] for s in shards]
     assert len(idx[0]) == len(idx[1]) == 48  # 51 per rank -> 6 full batches
     assert not set(idx[0]) & set(idx[1])
-    assert all(epoch == 0 for _, epoch in shards[0])
+    assert all(epoch == 0 for _, epoch in flat(shards[0]))
 
 
 def test_train_sampler_reshuffles_per_epoch_and_resumes_mid_epoch():
-    s = TrainSampler(64, 0, 1, seed=3, batch_size=4)
+    s = TrainSampler(64, 0, 1, seed=3, batch_at=lambda e: 4)
     s.set_position(1, 0)
     full = list(s)
     s.set_position(1, 5)
-    assert list(s) == full[20:]
-    assert len(s) == len(full) - 20
+    assert list(s) == full[5:]
+    assert len(s) == len(full) - 5
     s.set_position(2, 0)
-    assert [i for i, _ in s] != [i for i, _ in full]
+    assert [i for i, _ in flat(s)] != [i for i, _ in flat(full)]
+
+
+def test_train_sampler_batches_each_epoch_at_its_own_size_in_the_same_order():
+    """A per-epoch batch regroups the epoch's samples: the same order, other batch edges."""
+    fixed = TrainSampler(64, 0, 1, seed=3, batch_at=lambda e: 4)
+    mixed = TrainSampler(64, 0, 1, seed=3, batch_at=lambda e: 16 if e == 1 else 4)
+    for epoch, size, count in ((0, 4, 16), (1, 16, 4)):
+        fixed.set_position(epoch, 0)
+        mixed.set_position(epoch, 0)
+        got = list(mixed)
+        assert [len(b) for b in got] == [size] * count and mixed.full_batches(epoch) == count
+        assert flat(got) == flat(fixed)
 
 
 def test_val_sampler_covers_every_image_exactly_once_across_ranks():
@@ -106,7 +123,7 @@ def test_device_loader_normalises_on_the_device_and_warns_once(data_with_bad_fil
     assert y.dtype == torch.int64
     # the same samples through the plain torchvision Normalize give the same tensor
     ds = loader.loader.dataset
-    keys = list(loader.sampler)[:8]
+    keys = next(iter(loader.sampler))  # the first batch's (index, epoch) keys
     raw = torch.stack([ds[k][0] for k in keys]).permute(0, 3, 1, 2).float() / 255
     ref = F.normalize(raw, IMAGENET_MEAN, IMAGENET_STD)
     torch.testing.assert_close(x, ref, rtol=1e-5, atol=1e-5)

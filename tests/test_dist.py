@@ -92,9 +92,9 @@ def _worker(rank: int, world: int, port: int, out: str, hook: str = "none") -> N
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     every_rank = dist.all_gather_object(flat)
     # the trainer's own sampler on this rank, as build_data makes it: which images it would read
-    sampler = TrainSampler(100, rank, world, seed=0, batch_size=8)
+    sampler = TrainSampler(100, rank, world, seed=0, batch_at=lambda epoch: 8)
     sampler.set_position(epoch=1, start_batch=0)
-    seen = dist.all_gather_object([i for i, _ in sampler])
+    seen = dist.all_gather_object([i for batch in sampler for i, _ in batch])
     if rank == 0:
         torch.save({"losses": losses, "params": every_rank, "seen": seen}, out)
     # DDP (and a comm hook's futures) must go before the process group, as the trainer's has

@@ -14,7 +14,7 @@ import random
 import signal
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -158,33 +158,36 @@ class ImageFolderDataset(Dataset):
 
 
 class TrainSampler(DistributedSampler):
-    """DistributedSampler (shuffled, drop_last) yielding ``(index, epoch)``; can start mid-epoch.
+    """DistributedSampler (shuffled, drop_last) yielding batches of ``(index, epoch)``, each
+    epoch at its own batch size (``batch_at``), and able to start mid-epoch: a DataLoader's
+    ``batch_sampler``.
 
-    Each rank gets an equal share; the loader drops the last partial batch, so every step has the
-    same shape. ``start_batch`` skips the batches a resumed run has already trained on.
+    Each rank gets an equal share; the last partial batch is dropped, so every step of an epoch
+    has the same shape. ``start_batch`` skips the batches a resumed run has already trained on.
     """
 
-    def __init__(self, n: int, rank: int, world: int, seed: int, batch_size: int):
+    def __init__(self, n: int, rank: int, world: int, seed: int, batch_at: Callable[[int], int]):
         super().__init__(
             range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
-        self.batch_size = batch_size
+        self.batch_at = batch_at
         self.start_batch = 0
 
     def set_position(self, epoch: int, start_batch: int) -> None:
         self.set_epoch(epoch)
         self.start_batch = start_batch
 
-    def full_batches(self) -> int:
-        return self.num_samples // self.batch_size
+    def full_batches(self, epoch: int) -> int:
+        return self.num_samples // self.batch_at(epoch)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        indices = list(super().__iter__())[: self.full_batches() * self.batch_size]
-        for i in indices[self.start_batch * self.batch_size :]:
-            yield i, self.epoch
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        indices = list(super().__iter__())
+        b = self.batch_at(self.epoch)
+        for k in range(self.start_batch, self.full_batches(self.epoch)):
+            yield [(i, self.epoch) for i in indices[k * b : (k + 1) * b]]
 
     def __len__(self) -> int:
-        return (self.full_batches() - self.start_batch) * self.batch_size
+        return self.full_batches(self.epoch) - self.start_batch
 
 
 class ValSampler(Sampler):
@@ -236,12 +239,15 @@ class DeviceLoader:
         self.labels: dict[str, int] | None = None  # path -> label, once a file has failed
         self.class_sizes: Counter = Counter()
 
-    def __len__(self) -> int:
+    def batches_in(self, epoch: int) -> int:
         """Batches in a whole epoch (train) or in the val set, whatever the resume position."""
         s = self.sampler
         if isinstance(s, TrainSampler):
-            return s.full_batches()
+            return s.full_batches(epoch)
         return math.ceil(len(s) / self.loader.batch_size)
+
+    def __len__(self) -> int:
+        return self.batches_in(0)
 
     def _whole_class(self, path: str) -> None:
         """Name a class once every one of its images has failed: per-file warnings alone would
@@ -326,21 +332,29 @@ def build_torchvision_loader(
     resize: int | None = None,
     auto_augment: str = "none",
     resolution: Resolution | None = None,
+    batches: Mapping[int, int] | None = None,
 ) -> DeviceLoader:
     """``image_size``: the train crop, or val's center crop; ``resize``: val's shorter side
-    before it (default ``val_resize(image_size)``); ``resolution``: train's crop per epoch."""
+    before it (default ``val_resize(image_size)``); ``resolution``: train's crop per epoch;
+    ``batches``: train's batch at each crop size, where it is not ``batch_size``."""
     dataset = ImageFolderDataset(samples, train, image_size, seed, resize, auto_augment, resolution)
     sampler: TrainSampler | ValSampler
     if train:
-        sampler = TrainSampler(len(samples), rank, world, seed, batch_size)
+        sizes = resolution or Resolution.fixed(image_size)
+        by_size = dict(batches or {})
+
+        def batch_at(epoch: int) -> int:
+            return by_size.get(sizes.size_at(epoch), batch_size)
+
+        sampler = TrainSampler(len(samples), rank, world, seed, batch_at)
+        batching: dict = {"batch_sampler": sampler}
     else:
         sampler = ValSampler(len(samples), rank, world)
+        batching = {"batch_size": batch_size, "sampler": sampler}
     loader = DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
+        **batching,
         num_workers=workers,
-        drop_last=train,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
