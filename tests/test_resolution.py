@@ -206,3 +206,37 @@ def test_rates_by_size_read_each_size_as_a_run_of_its_own():
     # (epoch, images, seconds): each size's first epoch is left out where it has a later one
     intervals = [(0, 100, 10.0), (1, 100, 1.0), (2, 50, 1.0), (2, 50, 0.5), (3, 60, 1.0)]
     assert rates_by(intervals, r.size_at) == {32: 100.0, 64: 60.0}
+
+
+def test_dali_takes_each_sizes_own_batch_in_the_same_sample_order_and_resumes_across_it(
+    tiny_data,
+):
+    """A batch per size (``--batch-size auto``): DALI's pipeline is rebuilt with the new batch
+    at the epoch's start; the epoch's samples come in the order a fixed batch gives them, and a
+    run resumed in the new batch's epoch yields exactly what the uninterrupted one does."""
+    pytest.importorskip("nvidia.dali")
+    from tests.test_dali import epoch, indexed, loader
+
+    samples = indexed(scan_folder(tiny_data).train)
+    r, batches = Resolution(32, 64, 1, 2), {32: 16, 64: 32}
+    fixed = loader(samples, batch_size=16)
+    ref = [epoch(fixed, e) for e in range(3)]
+    mixed = loader(samples, batch_size=16, resolution=r, batches=batches)
+    assert [mixed.batches_in(e) for e in range(3)] == [12, 12, 6]  # 192 images; 64 px at 2
+    got = [epoch(mixed, e) for e in range(3)]
+    assert [x.shape[0] for x, _ in got[2]] == [32] * 6 and got[2][0][0].shape[-1] == 64
+    for want, have in zip(ref, got, strict=True):
+        assert torch.equal(torch.cat([y for _, y in want]), torch.cat([y for _, y in have]))
+    a = loader(samples, batch_size=16, resolution=r, batches=batches)
+    epoch(a, 0)
+    epoch(a, 1)
+    a.set_epoch(2)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()  # one batch into the first epoch at the new batch
+    rest = [(x.clone(), y.clone()) for x, y in it]
+    b = loader(samples, batch_size=16, resolution=r, batches=batches, state=state)
+    resumed = epoch(b, 2, 1)
+    assert len(resumed) == len(rest) == 5
+    for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)

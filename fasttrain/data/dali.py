@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -182,6 +182,7 @@ class DaliLoader:
         resize: int | None = None,
         auto_augment: str = "none",
         resolution: Resolution | None = None,
+        batches: Mapping[int, int] | None = None,
     ):
         """``image_size``: the train crop, or val's center crop. ``buffers``: how many batches
         the caller holds at once (``--accum-steps``); each gets its own fixed buffer, reused
@@ -189,12 +190,13 @@ class DaliLoader:
         queue depth. ``resize``: val's shorter side before the crop (default crop / 0.875).
         ``auto_augment``: train only, ``ta_wide`` or ``ra`` (``_auto_augment``), or none.
         ``resolution``: train only, the crop size of each epoch (default: ``image_size``
-        throughout); a new size rebuilds the pipeline from its own checkpoint (``_resize``)."""
+        throughout); ``batches``: train only, the batch at each crop size where it is not
+        ``batch_size``. A new size or batch rebuilds the pipeline from its own checkpoint
+        (``_rebuild``)."""
         require_dali()
         if state is not None and len(state["dali"]) != 1:
             state = None  # saved by 0.1.0 with several pipelines: take up the epoch afresh
         self.train = train
-        self.batch_size = batch_size
         self.device = device
         gpu = device.type == "cuda"
         n = len(samples)
@@ -208,7 +210,7 @@ class DaliLoader:
         train_args = {"auto_augment": auto_augment} if train else {}
         pipeline = train_pipeline if train else val_pipeline
 
-        def build(size: int, checkpoint: str | None):
+        def build(size: int, batch: int, checkpoint: str | None):
             pipe = pipeline(
                 files,
                 labels,
@@ -219,7 +221,7 @@ class DaliLoader:
                 hw_decoder_load,
                 *val_args,
                 **train_args,
-                batch_size=batch_size,
+                batch_size=batch,
                 num_threads=threads,
                 device_id=local_rank if gpu else None,
                 seed=seed + 1,  # one seed everywhere: every reader reshuffles alike
@@ -230,11 +232,8 @@ class DaliLoader:
             return pipe
 
         self._build = build
-        self.runs_per_epoch = math.ceil(math.ceil(n / world) / batch_size)
-        if train:  # the same count for every rank: fixed shapes, equal steps
-            self.batches = n // world // batch_size
-        else:
-            self.batches = self.runs_per_epoch
+        self.n, self.world = n, world
+        if not train:
             begin, end = shard_bounds(n, rank, world)
             self.shard_len = end - begin
         # runs into the current epoch (a restored pipeline continues where it was saved)
@@ -242,19 +241,36 @@ class DaliLoader:
         self.epoch = state["epoch"] if state else 0
         self.start_batch = 0
         self.fresh = state is None  # nothing run yet, nothing restored
-        self.resolution = resolution if train else None
-        self.size = resolution.size_at(self.epoch) if self.resolution else image_size
-        self.pipe = build(self.size, state["dali"][0] if state else None)
+        self.resolution = (resolution if train else None) or Resolution.fixed(image_size)
+        self.default_batch = batch_size
+        self.batches_by_size = dict(batches or {}) if train else {}
+        self.size, self.batch_size = self.shape_at(self.epoch)
+        self.pipe = build(self.size, self.batch_size, state["dali"][0] if state else None)
         # fixed output buffers per crop size: NHWC storage, handed out as channels_last NCHW
         # views; one set per --accum-steps micro-batch, reused round-robin
         self.n_buffers = buffers
-        self.buffers: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self.buffers: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = {}
         self.channels_last = channels_last
         # every batch lands in the same tensors, unless made contiguous NCHW (a copy)
         self.fixed_buffers = channels_last
 
+    def shape_at(self, epoch: int) -> tuple[int, int]:
+        """(crop size, batch) of ``epoch``."""
+        size = self.resolution.size_at(epoch)
+        return size, self.batches_by_size.get(size, self.default_batch)
+
+    def runs_per_epoch(self, batch: int) -> int:
+        """The pipeline's batches in an epoch: its reader pads the last one."""
+        return math.ceil(math.ceil(self.n / self.world) / batch)
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches yielded in ``epoch``: train's are full ones, the same count on every rank
+        (fixed shapes, equal steps); val's cover its shard."""
+        batch = self.shape_at(epoch)[1]
+        return self.n // self.world // batch if self.train else self.runs_per_epoch(batch)
+
     def __len__(self) -> int:
-        return self.batches
+        return self.batches_in(self.epoch)
 
     def _run(self):
         """One batch from the pipeline, with DALI's failures on a bad file as one line: its
@@ -291,14 +307,16 @@ class DaliLoader:
             # resumed without a reader state (saved at another world size): take up the epoch
             # with this order, and run past the batches already trained on
             self.epoch = epoch
+            if self.shape_at(epoch) != (self.size, self.batch_size):
+                self._rebuild(*self.shape_at(epoch))
             self._skip(start_batch)
         self.fresh = False
-        if epoch != self.epoch:
-            self._skip(self.runs_per_epoch * (epoch - self.epoch))
+        while self.epoch < epoch:  # drain this epoch, then move to the next one's shape
+            self._skip(self.runs_per_epoch(self.batch_size))
             self.runs = 0
-            self.epoch = epoch
-        if self.resolution is not None and self.resolution.size_at(epoch) != self.size:
-            self._resize(self.resolution.size_at(epoch))
+            self.epoch += 1
+            if self.shape_at(self.epoch) != (self.size, self.batch_size):
+                self._rebuild(*self.shape_at(self.epoch))
         if self.runs != start_batch:
             raise RuntimeError(
                 f"the DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for "
@@ -306,15 +324,17 @@ class DaliLoader:
             )
         self.start_batch = start_batch
 
-    def _resize(self, size: int) -> None:
-        """Crop at ``size`` from here on. The crop size is fixed in a DALI graph, so a new
-        pipeline is built and restored from the old one's checkpoint: the reader's position and
-        every random draw carry over, and the samples and their crop windows are the ones the
-        old pipeline would have produced, at the new size."""
+    def _rebuild(self, size: int, batch: int) -> None:
+        """Crop at ``size``, in batches of ``batch``, from here on (an epoch's start). Both are
+        fixed in a DALI graph, so a new pipeline is built and restored from the old one's
+        checkpoint: the reader's position and its shuffling carry over. At the same batch every
+        random draw does too (the samples and their crop windows are the ones the old pipeline
+        would have produced, at the new size); at another batch the samples are the same, in
+        the same order, and the augmentation's draws are new ones."""
         checkpoint = self.pipe.checkpoint()
         self.pipe = None  # its buffers go before the new pipeline allocates its own
-        self.pipe = self._build(size, checkpoint)
-        self.size = size
+        self.pipe = self._build(size, batch, checkpoint)
+        self.size, self.batch_size = size, batch
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline's own checkpoint (reader position, RNG) and where it is in the epoch.
@@ -328,9 +348,10 @@ class DaliLoader:
         """Copy one batch into buffer ``slot``; returns (NCHW view of the images, labels)."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        if self.size not in self.buffers:
+        key = (self.size, self.batch_size)
+        if key not in self.buffers:
             shape = (self.batch_size, self.size, self.size, 3)
-            self.buffers[self.size] = [
+            self.buffers[key] = [
                 (
                     torch.empty(shape, dtype=torch.float16, device=self.device),
                     torch.empty((self.batch_size, 1), dtype=torch.int32, device=self.device),
@@ -338,7 +359,7 @@ class DaliLoader:
                 )
                 for _ in range(self.n_buffers)
             ]
-        images_nhwc, labels_i32, labels_i64 = self.buffers[self.size][slot]
+        images_nhwc, labels_i32, labels_i64 = self.buffers[key][slot]
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         feed_ndarray(images.as_tensor(), images_nhwc, cuda_stream=stream)
         feed_ndarray(labels.as_tensor(), labels_i32, cuda_stream=stream)
@@ -346,7 +367,7 @@ class DaliLoader:
         return images_nhwc.permute(0, 3, 1, 2), labels_i64  # a channels_last view: no copy
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for i in range(self.start_batch, self.batches):
+        for i in range(self.start_batch, self.batches_in(self.epoch)):
             images, labels = self._run()
             self.runs += 1
             with span("fasttrain.copy_in"):
