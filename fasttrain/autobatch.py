@@ -85,6 +85,7 @@ def find_batch_size(
     build: Callable[[int], tuple[Callable[[], None], object]],
     device: torch.device,
     limit: int = LIMIT,
+    start: int = START,
 ) -> Found:
     """Search with real steps on ``device``. ``build(batch)`` returns (run: the warm-up and
     capture of that batch's step, step: kept alive until the peak is read, and asked whether its
@@ -125,7 +126,7 @@ def find_batch_size(
         peak = trial(batch)
         return peak is not None and peak <= budget
 
-    batch = search(fits, limit=limit) if budget > 0 else 0
+    batch = search(fits, start=start, limit=limit) if budget > 0 else 0
     peaks = dict(trials)
     return Found(batch, peaks.get(batch) or 0, budget, trials, time.perf_counter() - t0)
 
@@ -163,15 +164,26 @@ def step_builder(
 
 def auto_batch_size(
     cfg: Config, dist: DistState, resumed: tuple[str, dict[str, Any]] | None
-) -> int:
-    """``--batch-size auto``: the checkpoint's batch when resuming (an exact resume needs it),
-    else the largest that fits, measured by fasttrain.autobatch; the smallest over ranks."""
-    from fasttrain.builder import amp_dtype, build_training
+) -> tuple[int, dict[int, int]]:
+    """``--batch-size auto``: the largest batch that fits the largest train size, measured by
+    the trials above (the smallest over ranks), and under ``--progressive-resizing`` each
+    smaller size's own largest batch, where larger (an epoch at a small size then takes fewer,
+    larger steps; the LR follows each epoch's global batch, ``optim.plan_schedule``). Returns
+    (the batch, {size: batch} of the sizes with their own). A resume takes the checkpoint's
+    (an exact resume needs them)."""
+    from fasttrain.builder import build_training
 
     if resumed:
-        batch = int(resumed[1]["config"]["train"]["batch_size"])
-        log.info("--batch-size auto: %d per GPU, as %s trained", batch, resumed[0])
-        return batch
+        state = resumed[1]
+        batch = int(state["config"]["train"]["batch_size"])
+        by_size = {int(k): int(v) for k, v in state.get("batches_by_size", {}).items()}
+        log.info(
+            "--batch-size auto: %d per GPU%s, as %s trained",
+            batch,
+            "".join(f", {b} at {s} px" for s, b in sorted(by_size.items())),
+            resumed[0],
+        )
+        return batch, by_size
     classes = cfg.model.num_classes or 1000
 
     def make_training():
@@ -188,7 +200,27 @@ def auto_batch_size(
 
     if dist.is_main:
         log.info("--batch-size auto: trying batch sizes with real steps ...")
-    size = train_resolution(cfg.data).largest  # what fits the largest fits every size
+    resolution = train_resolution(cfg.data)
+    sizes = sorted({resolution.size_at(e) for e in range(cfg.train.epochs)}, reverse=True)
+    found: dict[int, int] = {}
+    for size in sizes:  # the largest first: what fits it is where the others' search starts
+        found[size] = _largest_batch(cfg, dist, make_training, size, classes, start=found)
+    batch = found[sizes[0]]
+    return batch, {s: b for s, b in found.items() if b > batch}
+
+
+def _largest_batch(
+    cfg: Config,
+    dist: DistState,
+    make_training: Callable[[], Any],
+    size: int,
+    classes: int,
+    start: dict[int, int],
+) -> int:
+    """The largest batch at ``size`` px that fits on every rank (the smallest of their finds),
+    from trials that start at the batch found for a larger size, if any."""
+    from fasttrain.builder import amp_dtype
+
     build = step_builder(
         make_training,
         size,
@@ -198,7 +230,7 @@ def auto_batch_size(
         dist.device,
         steps=5,  # the graph's 3 warm-up steps, its capture, one replay
     )
-    found = find_batch_size(build, dist.device)
+    found = find_batch_size(build, dist.device, start=max(start.values(), default=START))
     batch = min(dist.all_gather_object(found.batch, "the auto batch sizes"))
     if batch == 0:
         raise UserError(
@@ -208,9 +240,10 @@ def auto_batch_size(
         )
     if dist.is_main:
         log.info(
-            "--batch-size auto: %d per GPU (peak %.1f GiB, within the %.1f GiB allowed: the free "
-            "memory less %.0f%% of the GPU); %d trials in %.0f s: %s",
+            "--batch-size auto: %d per GPU at %d px (peak %.1f GiB, within the %.1f GiB "
+            "allowed: the free memory less %.0f%% of the GPU); %d trials in %.0f s: %s",
             batch,
+            size,
             found.peak_bytes / 2**30,
             found.budget_bytes / 2**30,
             HEADROOM * 100,

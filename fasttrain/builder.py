@@ -9,13 +9,14 @@ thing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from fasttrain.config import Config
-from fasttrain.data import Data, build_data
+from fasttrain.data import Data, Loader, build_data
 from fasttrain.distributed import DistState
 from fasttrain.ema import ModelEma
 from fasttrain.erase import Eraser
@@ -23,8 +24,10 @@ from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.mix import Mixer
 from fasttrain.model import build_configured_model
-from fasttrain.optim import Schedule, build_optimizer, build_schedule
+from fasttrain.optim import Schedule, build_optimizer, build_schedule, plan_schedule
 from fasttrain.parallel import wrap_model
+from fasttrain.plan import Plan
+from fasttrain.resolution import train_resolution
 from fasttrain.resolve import inductor_options, triton_kernels
 from fasttrain.step import TrainStep, build_loss, build_step, compile_kwargs
 
@@ -63,7 +66,9 @@ class Built:
     loader_batch: int  # the loader's batch: --batch-size, times the GPUs under DataParallel
     global_batch: int  # images per optimizer step over every GPU and micro-batch
     gpus: int
-    steps_per_epoch: int
+    steps_per_epoch: int  # the first epoch's
+    plan: Plan  # every epoch's steps and global batch
+    batches: dict[int, int]  # the per-GPU batch of each train size that has its own
     ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
 
 
@@ -108,8 +113,12 @@ def build_training(
     fixed_inputs: bool = False,
     parallel: bool = True,
     compile: bool | None = None,
+    plan: Plan | None = None,
 ) -> Training:
     """The model, wrapper, schedule, optimizer, loss and step that ``cfg`` describes.
+
+    The LR schedule follows ``plan`` where given (epochs that differ in steps and global
+    batch), else ``global_batch`` and ``steps_per_epoch`` over ``--epochs``.
 
     ``fixed_inputs``: the loader refills the same tensors every step (``Loader.fixed_buffers``).
     ``parallel=False`` leaves the model unwrapped (``--batch-size auto``'s trials, which must not
@@ -119,7 +128,11 @@ def build_training(
     model = build_configured_model(cfg.model, num_classes, dist.device, kernels)
     wrapped = wrap_model(model, t, dist) if parallel else None
     net = wrapped.net if wrapped else model
-    schedule = build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
+    schedule = (
+        plan_schedule(cfg.optim, plan)
+        if plan is not None
+        else build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
+    )
     triton_sgd = "sgd" in kernels
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton=triton_sgd)
     criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
@@ -167,14 +180,21 @@ def build_training(
     return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer, eraser)
 
 
-def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
+def build(
+    cfg: Config,
+    dist: DistState,
+    loader_state: dict | None = None,
+    batches: Mapping[int, int] | None = None,
+) -> Built:
     """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
-    auto`` is measured before this). ``loader_state`` resumes the train loader."""
+    auto`` is measured before this). ``loader_state`` resumes the train loader; ``batches``:
+    the per-GPU batch at each train size, where it is not ``--batch-size``."""
     t = cfg.train
     kernels = triton_kernels(t.triton_kernels)
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
+    loader_batches = {size: b * replicas for size, b in (batches or {}).items()}
     global_batch = loader_batch * dist.world_size * t.accum_steps
     data = build_data(
         cfg.data,
@@ -187,13 +207,10 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         accum_steps=t.accum_steps,
         triton_normalize="normalize" in kernels,
         loader_state=loader_state,
+        batches=loader_batches,
     )
-    steps_per_epoch = len(data.train) // t.accum_steps
-    if steps_per_epoch == 0:
-        raise UserError(
-            f"--accum-steps {t.accum_steps}: an epoch has only {len(data.train)} "
-            "batches, fewer than one optimizer step; lower it or --batch-size"
-        )
+    plan = epoch_plan(cfg, data.train, loader_batch, loader_batches, dist.world_size)
+    steps_per_epoch, global_batch = plan.steps[0], plan.global_batches[0]
     training = build_training(
         cfg,
         dist,
@@ -201,6 +218,7 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         global_batch=global_batch,
         steps_per_epoch=steps_per_epoch,
         fixed_inputs=data.train.fixed_buffers,
+        plan=plan,
     )
     evaluator = ema_evaluator = None
     if data.val is not None and cfg.run.eval_every > 0:
@@ -209,5 +227,33 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
             ema_evaluator = build_evaluator(cfg, dist, training.ema.module, loader_batch)
     gpus = dist.world_size * replicas
     return Built(
-        data, training, evaluator, loader_batch, global_batch, gpus, steps_per_epoch, ema_evaluator
+        data,
+        training,
+        evaluator,
+        loader_batch,
+        global_batch,
+        gpus,
+        steps_per_epoch,
+        plan,
+        dict(batches or {}),
+        ema_evaluator,
     )
+
+
+def epoch_plan(
+    cfg: Config, train: Loader, batch: int, batches: Mapping[int, int], world: int
+) -> Plan:
+    """Each epoch's optimizer steps and global batch: the loader's batch at the epoch's train
+    size (``batches``, else ``batch``), over every process and micro-batch."""
+    accum, resolution = cfg.train.accum_steps, train_resolution(cfg.data)
+    steps, global_batches = [], []
+    for epoch in range(cfg.train.epochs):
+        b = batches.get(resolution.size_at(epoch), batch)
+        steps.append(train.batches_in(epoch) // accum)
+        global_batches.append(b * world * accum)
+        if steps[-1] == 0:
+            raise UserError(
+                f"--accum-steps {accum}: epoch {epoch} has only {train.batches_in(epoch)} "
+                "batches, fewer than one optimizer step; lower it or --batch-size"
+            )
+    return Plan(tuple(steps), tuple(global_batches))

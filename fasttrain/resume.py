@@ -16,6 +16,7 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.errors import UserError, first_line
+from fasttrain.plan import Plan
 
 if TYPE_CHECKING:
     from fasttrain.builder import Training
@@ -51,16 +52,17 @@ def train_state(
     training: Training,
     loader_states: list[dict],
     step: int,
-    steps_per_epoch: int,
-    global_batch: int,
+    plan: Plan,
     augment_states: list[dict] | None = None,
+    batches: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """Everything an exact resume needs. The position is the optimizer step; epoch and the
-    loader's place in it are derived from it. ``loader_states``: one per rank (DALI's reader
-    state; empty for loaders whose position follows from the step); ``augment_states``: the
-    batch augmentations' generator states by name (``Training.augments``), one dict per
-    rank."""
-    epoch, in_epoch = divmod(step, steps_per_epoch)
+    loader's place in it are derived from it through ``plan``. ``loader_states``: one per rank
+    (DALI's reader state; empty for loaders whose position follows from the step);
+    ``augment_states``: the batch augmentations' generator states by name
+    (``Training.augments``), one dict per rank; ``batches``: the per-GPU batch of each train
+    size that has its own (``--batch-size auto``), which a resume takes up."""
+    epoch, in_epoch = plan.locate(step)
     return {
         "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
         "model_ema": training.ema.state_dict() if training.ema is not None else None,
@@ -72,20 +74,37 @@ def train_state(
         "loader": {
             "epoch": epoch,
             "start_batch": in_epoch * cfg.train.accum_steps,
-            "steps_per_epoch": steps_per_epoch,
+            "steps_per_epoch": plan.steps_in(epoch),
         },
         "loader_state": loader_states,
         "world_size": len(loader_states),
-        "global_batch": global_batch,
+        "global_batch": plan.global_batch(epoch),
+        "plan": plan.state_dict(),
+        "batches_by_size": {str(size): b for size, b in (batches or {}).items()},
         "rng": rng_state(),
         "config": cfg.to_dict(),
     }
 
 
+def saved_plan(state: dict[str, Any], epochs: int) -> Plan:
+    """The checkpoint's epochs as steps, over ``epochs`` epochs: its plan (a later epoch takes
+    the last one's steps and batch: a schedule's final size holds), or, from a checkpoint
+    without one, its steps per epoch and global batch throughout."""
+    if "plan" not in state:
+        spe, batch = int(state["loader"]["steps_per_epoch"]), int(state.get("global_batch", 0))
+        return Plan.uniform(spe, batch, epochs)
+    saved = Plan.from_state_dict(state["plan"])
+    more = max(0, epochs - saved.epochs)
+    return Plan(
+        (saved.steps + saved.steps[-1:] * more)[:epochs],
+        (saved.global_batches + saved.global_batches[-1:] * more)[:epochs],
+    )
+
+
 def finished(state: dict[str, Any], cfg: Config) -> bool:
     """Whether the checkpoint ``state`` is the end of the run ``cfg`` describes: its step is the
     last of ``--epochs`` (in the checkpoint's own steps per epoch) or past ``--max-steps``."""
-    total = int(state["loader"]["steps_per_epoch"]) * cfg.train.epochs
+    total = saved_plan(state, cfg.train.epochs).total_steps
     if cfg.train.max_steps is not None:
         total = min(total, cfg.train.max_steps)
     return int(state["step"]) >= total
@@ -126,8 +145,7 @@ def resume(
     state: dict[str, Any],
     cfg: Config,
     training: Training,
-    global_batch: int,
-    steps_per_epoch: int,
+    plan: Plan,
 ) -> int:
     """Load model, optimizer, scaler and RNG states; return the step to continue from.
 
@@ -158,10 +176,11 @@ def resume(
         training.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"])
     step = int(state["step"])
+    epoch, in_epoch = saved_plan(state, max(plan.epochs, int(state["epoch"]) + 1)).locate(step)
+    global_batch = plan.global_batch(epoch)
     saved_batch = int(state.get("global_batch", global_batch))
     if saved_batch != global_batch:
-        epoch, in_epoch = divmod(step, int(state["loader"]["steps_per_epoch"]))
-        new_step = epoch * steps_per_epoch + in_epoch * saved_batch // global_batch
+        new_step = plan.first_step(epoch) + in_epoch * saved_batch // global_batch
         log.warning(
             "resuming at global batch %d, the checkpoint's was %d (another world size): step %d "
             "becomes step %d, in epoch %d; the LR schedule follows the new global batch",

@@ -44,7 +44,7 @@ class Trainer:
         self.training = built.training
         self.run_dir = Path(cfg.run.output_dir)
         self.step = self.start_step = start_step
-        self.steps_per_epoch = built.steps_per_epoch
+        self.plan = built.plan  # each epoch's steps and global batch
         self.total_steps = total_steps(cfg, self.training)
         self.t_start = t_start
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
@@ -62,11 +62,14 @@ class Trainer:
         self.stop = StopRequest()
         self.nonfinite = NonFiniteWatch(cfg.train.on_nan, self.run_dir, dist, start_step)
         self.summary: dict[str, Any] = {
-            "global_batch": built.global_batch,
+            "global_batch": built.global_batch,  # the first epoch's
             "steps_per_epoch": built.steps_per_epoch,
         }
+        if not self.plan.is_uniform:
+            self.summary["plan"] = self.plan.state_dict()
         self.resolution = train_resolution(cfg.data)
-        self.size = self.resolution.size_at(start_step // self.steps_per_epoch)
+        self.epoch = self.plan.locate(start_step)[0]
+        self.size = self.resolution.size_at(self.epoch)
         self.resized: tuple[int, float] | None = None  # a new size's first step and start time
         if self.resolution.progressive:
             self.summary["resizes"] = []
@@ -88,7 +91,7 @@ class Trainer:
                 and self.eval_step != self.step
                 and not self.stopped
             ):
-                self.evaluate(self.step // self.steps_per_epoch)
+                self.evaluate(self.plan.locate(self.step)[0])
             self.save()
             if self.stopped:
                 self.summary["stopped_by"] = self.stop.name
@@ -108,7 +111,8 @@ class Trainer:
 
     def run_epoch(self) -> None:
         """The rest of the current epoch, then its evaluation and checkpoint."""
-        epoch, in_epoch = divmod(self.step, self.steps_per_epoch)
+        epoch, in_epoch = self.plan.locate(self.step)
+        self.epoch = epoch
         r = self.cfg.run
         size = self.resolution.size_at(epoch)
         if size != self.size:
@@ -135,7 +139,7 @@ class Trainer:
             return
         if self.meter.samples and self.log(epoch):
             self.stopped = True  # the ranks agreed at the epoch's last log step
-        if self.step % self.steps_per_epoch == 0:  # the epoch is complete
+        if self.plan.locate(self.step)[1] == 0:  # the epoch is complete
             every = r.eval_every
             if self.built.evaluator is not None and (epoch + 1) % every == 0 and not self.stopped:
                 self.evaluate(epoch)
@@ -147,7 +151,7 @@ class Trainer:
         loader = self.built.data.train
         loader.set_epoch(epoch, in_epoch * accum)
         it = iter(loader)
-        for _ in range(in_epoch, self.steps_per_epoch):
+        for _ in range(in_epoch, self.plan.steps_in(epoch)):
             t0 = time.perf_counter()
             with span("fasttrain.data"):
                 batches = [next(it) for _ in range(accum)]
@@ -170,7 +174,7 @@ class Trainer:
             self.training.step(batches, self.meter, self.step)
         self.profiler.step()
         self.step += 1
-        self.metrics.step_done(self.built.global_batch, data_wait)
+        self.metrics.step_done(self.plan.global_batch(self.epoch), data_wait)
         if self.step == self.start_step + 1:
             self.first_step_done(t_step)
         elif self.resized is not None and self.step == self.resized[0] + 1:
@@ -198,7 +202,7 @@ class Trainer:
         if self.dist.device.type == "cuda":
             torch.cuda.synchronize(self.dist.device)
         seconds = time.perf_counter() - self.resized[1]
-        epoch = self.resized[0] // self.steps_per_epoch
+        epoch = self.plan.locate(self.resized[0])[0]
         self.summary["resizes"].append({"epoch": epoch, "size": self.size, "first_step_s": seconds})
         log.info(
             "the first step at %d px was done %.1f s after the epoch began", self.size, seconds
@@ -263,9 +267,9 @@ class Trainer:
                     self.training,
                     loader_states,
                     self.step,
-                    self.steps_per_epoch,
-                    self.built.global_batch,
+                    self.plan,
                     augment_states,
+                    self.built.batches,
                 )
                 log.debug(
                     "saved %s", ckpt.write(state, self.run_dir, self.cfg.run.keep_checkpoints)

@@ -7,7 +7,7 @@ labels int64. See ``Loader``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +28,10 @@ class Loader(Protocol):
     fixed_buffers: bool
 
     def __len__(self) -> int:
-        """Batches in a whole epoch, whatever the resume position."""
+        """Batches in a whole epoch (the first), whatever the resume position."""
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches in the whole of ``epoch``: each train size may have its own batch."""
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -64,18 +67,25 @@ def build_data(
     accum_steps: int,
     loader_state: dict | None = None,
     triton_normalize: bool = False,
+    batches: Mapping[int, int] | None = None,
 ) -> Data:
     """Build the train and val loaders ``cfg.loader`` names; ``loader_state`` resumes the train
     loader from a checkpoint's ``state_dict()``. The train loader crops each epoch at the size
-    ``--image-size`` or ``--progressive-resizing`` gives it (``resolution.py``)."""
-    global_batch = batch_size * dist.world_size * accum_steps
+    ``--image-size`` or ``--progressive-resizing`` gives it (``resolution.py``), in batches of
+    ``batch_size``, or of ``batches[size]`` where given (``--batch-size auto``)."""
     resolution = train_resolution(cfg)
-    sizes = {"image_size": resolution.size_at(0), "resolution": resolution}  # the train crop
+    # the train crop and batch of each epoch
+    sizes = {"image_size": resolution.size_at(0), "resolution": resolution, "batches": batches}
     if cfg.loader == "synthetic":
         from fasttrain.data.synthetic import IMAGENET_TRAIN_IMAGES, SyntheticLoader
 
         classes = num_classes or 1000
-        steps = cfg.synthetic_steps or IMAGENET_TRAIN_IMAGES // global_batch
+
+        def steps(batch: int) -> int:
+            return cfg.synthetic_steps or IMAGENET_TRAIN_IMAGES // (
+                batch * dist.world_size * accum_steps
+            )
+
         train = SyntheticLoader(
             batch_size=batch_size,
             **sizes,
@@ -86,7 +96,7 @@ def build_data(
             channels_last=channels_last,
             seed=seed,
         )
-        return Data(train, None, classes, f"synthetic ({steps} steps per epoch)")
+        return Data(train, None, classes, f"synthetic ({steps(batch_size)} steps per epoch)")
 
     from fasttrain.data.folder import scan_folder
     from fasttrain.data.torchvision import build_torchvision_loader
@@ -107,9 +117,10 @@ def build_data(
             "folders; use at least that many or leave --num-classes out"
         )
     per_rank = len(ds.train) // dist.world_size
-    if per_rank < batch_size:
+    largest = max([batch_size, *(batches or {}).values()])
+    if per_rank < largest:
         raise UserError(
-            f"--batch-size {batch_size}: {cfg.path}/train has only {len(ds.train)} "
+            f"--batch-size {largest}: {cfg.path}/train has only {len(ds.train)} "
             f"images ({per_rank} per process), less than one batch; lower --batch-size"
         )
     common = dict(
