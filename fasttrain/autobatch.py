@@ -27,7 +27,7 @@ import torch
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
-from fasttrain.resolution import train_resolution
+from fasttrain.resolution import parse_batch_sizes, train_resolution
 
 log = logging.getLogger("fasttrain")
 
@@ -174,9 +174,9 @@ def auto_batch_size(
     from fasttrain.builder import build_training
 
     if resumed:
-        state = resumed[1]
-        batch = int(state["config"]["train"]["batch_size"])
-        by_size = {int(k): int(v) for k, v in state.get("batches_by_size", {}).items()}
+        saved = resumed[1]["config"]["train"]
+        batch = int(saved["batch_size"])
+        by_size = parse_batch_sizes(saved.get("batch_sizes"))
         log.info(
             "--batch-size auto: %d per GPU%s, as %s trained",
             batch,

@@ -27,7 +27,7 @@ from fasttrain.model import build_configured_model
 from fasttrain.optim import Schedule, build_optimizer, build_schedule, plan_schedule
 from fasttrain.parallel import wrap_model
 from fasttrain.plan import Plan
-from fasttrain.resolution import train_resolution
+from fasttrain.resolution import parse_batch_sizes, train_resolution
 from fasttrain.resolve import inductor_options, triton_kernels
 from fasttrain.step import TrainStep, build_loss, build_step, compile_kwargs
 
@@ -68,7 +68,6 @@ class Built:
     gpus: int
     steps_per_epoch: int  # the first epoch's
     plan: Plan  # every epoch's steps and global batch
-    batches: dict[int, int]  # the per-GPU batch of each train size that has its own
     ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
 
 
@@ -180,21 +179,15 @@ def build_training(
     return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer, eraser)
 
 
-def build(
-    cfg: Config,
-    dist: DistState,
-    loader_state: dict | None = None,
-    batches: Mapping[int, int] | None = None,
-) -> Built:
+def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
     """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
-    auto`` is measured before this). ``loader_state`` resumes the train loader; ``batches``:
-    the per-GPU batch at each train size, where it is not ``--batch-size``."""
+    auto`` is measured before this). ``loader_state`` resumes the train loader."""
     t = cfg.train
     kernels = triton_kernels(t.triton_kernels)
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
-    loader_batches = {size: b * replicas for size, b in (batches or {}).items()}
+    loader_batches = {size: b * replicas for size, b in parse_batch_sizes(t.batch_sizes).items()}
     global_batch = loader_batch * dist.world_size * t.accum_steps
     data = build_data(
         cfg.data,
@@ -235,7 +228,6 @@ def build(
         gpus,
         steps_per_epoch,
         plan,
-        dict(batches or {}),
         ema_evaluator,
     )
 

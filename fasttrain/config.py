@@ -88,8 +88,8 @@ class DataConfig:
         "epoch FROM_EPOCH, END px from epoch TO_EPOCH, linearly in between rounded to a "
         "multiple of 32 (epochs count from 0; FFCV's ResNet-50 recipes use 160:192). It takes "
         "the place of --image-size for training, and val's default crop is END. Each size "
-        "compiles and captures its own step once; --batch-size auto sizes the batch for the "
-        "largest. YAML: the same string, or a list of the four numbers; none: off",
+        "compiles and captures its own step once; --batch-size auto finds each size's batch "
+        "(--batch-sizes). YAML: the same string, or a list of the four numbers; none: off",
         nullable=True,
         parts=4,
         metavar="START:END:FROM_EPOCH:TO_EPOCH",
@@ -306,6 +306,16 @@ class TrainConfig:
         minimum=1,
         nullable=True,
         aliases=("-b",),
+    )
+    batch_sizes: str | None = option(
+        None,
+        "--batch-sizes",
+        "with --progressive-resizing, a train size's own batch per process, as SIZE:BATCH "
+        "pairs (e.g. 160:1024,192:704); the other sizes take --batch-size. An epoch at such a "
+        "size takes fewer, larger steps, and its LR follows its global batch (--lr-scaling "
+        "linear). --batch-size auto fills it in, measuring each size",
+        nullable=True,
+        metavar="SIZE:BATCH[,SIZE:BATCH...]",
     )
     accum_steps: int = option(
         1,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fasttrain.config import DataConfig
+from fasttrain.config import Config, DataConfig
 from fasttrain.errors import UserError
 
 ROUND_TO = 32  # interpolated sizes are multiples of this (FFCV's)
@@ -88,8 +88,82 @@ class Resolution:
         return ", ".join(changes)
 
 
+def parse_batch_sizes(text: str | None) -> dict[int, int]:
+    """``--batch-sizes``' ``SIZE:BATCH[,SIZE:BATCH...]`` as {size: batch}; {} for None."""
+    if not text:
+        return {}
+    try:
+        pairs = [tuple(int(v) for v in part.split(":")) for part in text.split(",")]
+        found = {size: batch for size, batch in pairs}
+    except ValueError:
+        found = {}
+    if not found or any(v < 1 for pair in found.items() for v in pair):
+        raise UserError(
+            f"--batch-sizes {text}: expected SIZE:BATCH pairs of positive integers, comma "
+            "separated, e.g. 160:1024,192:704"
+        )
+    return found
+
+
+def format_batch_sizes(batches: dict[int, int]) -> str | None:
+    """``parse_batch_sizes``' inverse, sizes in order; None for none."""
+    return ",".join(f"{s}:{b}" for s, b in sorted(batches.items())) or None
+
+
 def train_resolution(cfg: DataConfig) -> Resolution:
     """The run's schedule: ``--progressive-resizing`` where given, else ``--image-size``."""
     if cfg.progressive_resizing:
         return Resolution.parse(cfg.progressive_resizing)
     return Resolution.fixed(cfg.image_size)
+
+
+def resolve_sizes(cfg: Config, notes: list[str]) -> None:
+    """The train sizes' flags, for ``resolve``: --progressive-resizing and --batch-sizes."""
+    _resolve_resolution(cfg, notes)
+    _resolve_batch_sizes(cfg)
+
+
+def _resolve_resolution(cfg: Config, notes: list[str]) -> None:
+    """--progressive-resizing: a schedule that parses, in place of --image-size (said if that
+    was given too); val's crop defaults to its final size, as it defaults to --image-size."""
+    d = cfg.data
+    if not d.progressive_resizing:
+        return
+    resolution = Resolution.parse(d.progressive_resizing)
+    if d.image_size != DataConfig().image_size:  # given, and unused
+        notes.append(
+            f"--image-size {d.image_size}: unused for training; --progressive-resizing "
+            f"{d.progressive_resizing} sets the train size"
+        )
+    if d.val_crop_size is None:
+        d.val_crop_size = resolution.end
+
+
+def _resolve_batch_sizes(cfg: Config) -> None:
+    """--batch-sizes: pairs that parse, each a size the --progressive-resizing schedule trains
+    at, and not beside --batch-size auto (which finds them itself)."""
+    t = cfg.train
+    batches = parse_batch_sizes(t.batch_sizes)
+    if not batches:
+        t.batch_sizes = None
+        return
+    flag = f"--batch-sizes {t.batch_sizes}"
+    if not cfg.data.progressive_resizing:
+        raise UserError(
+            f"{flag}: a batch per train size needs --progressive-resizing; with one size, "
+            "--batch-size sets the batch"
+        )
+    if t.batch_size is None:
+        raise UserError(
+            f"{flag}: --batch-size auto measures each size's batch itself; leave out one of them"
+        )
+    resolution = Resolution.parse(cfg.data.progressive_resizing)
+    sizes = sorted({resolution.size_at(e) for e in range(t.epochs)})
+    strangers = sorted(set(batches) - set(sizes))
+    if strangers:
+        raise UserError(
+            f"{flag}: {', '.join(map(str, strangers))} px is not a size this run trains at "
+            f"(--progressive-resizing {cfg.data.progressive_resizing} over {t.epochs} epochs: "
+            f"{', '.join(map(str, sizes))} px)"
+        )
+    t.batch_sizes = format_batch_sizes(batches)

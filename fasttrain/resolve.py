@@ -17,7 +17,7 @@ import yaml
 from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.paths import found_exclude_list
-from fasttrain.resolution import Resolution
+from fasttrain.resolution import resolve_sizes
 from fasttrain.runs import newest_run_of
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def resolve(
         found = found_exclude_list(d.path)
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
-    _resolve_resolution(cfg, notes)
+    resolve_sizes(cfg, notes)
     if d.auto_augment != "none" and d.loader == "synthetic":
         raise UserError(
             f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
@@ -182,22 +182,6 @@ def _unused_notes(cfg: Config, notes: list[str]) -> None:
     mix = _changed(cfg, ["train.mixup_prob", "train.mixup_switch_prob"])
     if mix and not (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
         notes.append(f"{', '.join(mix)}: unused without --mixup-alpha or --cutmix-alpha")
-
-
-def _resolve_resolution(cfg: Config, notes: list[str]) -> None:
-    """--progressive-resizing: a schedule that parses, in place of --image-size (said if that
-    was given too); val's crop defaults to its final size, as it defaults to --image-size."""
-    d = cfg.data
-    if not d.progressive_resizing:
-        return
-    resolution = Resolution.parse(d.progressive_resizing)
-    if _changed(cfg, ["data.image_size"]):
-        notes.append(
-            f"--image-size {d.image_size}: unused for training; --progressive-resizing "
-            f"{d.progressive_resizing} sets the train size"
-        )
-    if d.val_crop_size is None:
-        d.val_crop_size = resolution.end
 
 
 def _resolve_test_only(cfg: Config) -> None:

@@ -54,14 +54,12 @@ def train_state(
     step: int,
     plan: Plan,
     augment_states: list[dict] | None = None,
-    batches: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """Everything an exact resume needs. The position is the optimizer step; epoch and the
     loader's place in it are derived from it through ``plan``. ``loader_states``: one per rank
     (DALI's reader state; empty for loaders whose position follows from the step);
     ``augment_states``: the batch augmentations' generator states by name
-    (``Training.augments``), one dict per rank; ``batches``: the per-GPU batch of each train
-    size that has its own (``--batch-size auto``), which a resume takes up."""
+    (``Training.augments``), one dict per rank."""
     epoch, in_epoch = plan.locate(step)
     return {
         "model": training.model.state_dict(),  # the raw module: no _orig_mod. or module. prefixes
@@ -80,7 +78,6 @@ def train_state(
         "world_size": len(loader_states),
         "global_batch": plan.global_batch(epoch),
         "plan": plan.state_dict(),
-        "batches_by_size": {str(size): b for size, b in (batches or {}).items()},
         "rng": rng_state(),
         "config": cfg.to_dict(),
     }

@@ -18,6 +18,7 @@ from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.parallel import ddp_description
 from fasttrain.profiling import configure
+from fasttrain.resolution import format_batch_sizes
 from fasttrain.resolve import inductor_options
 from fasttrain.runtime import configure_backends, seed_everything
 from fasttrain.weights import load_weights, read_state_dict
@@ -38,18 +39,18 @@ def set_up(
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device, t.strategy, t.deterministic)
     seed_everything(t.seed)
-    batches: dict[int, int] = {}  # a train size's own batch, where not --batch-size
     if t.batch_size is None:
         from fasttrain.autobatch import auto_batch_size
 
         t.batch_size, batches = auto_batch_size(cfg, dist, resumed)
+        t.batch_sizes = format_batch_sizes(batches)
         seed_everything(t.seed)  # the trials drew from the RNG; the run starts as if they had not
         if dist.is_main:
             save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
     loader_state = (
         resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
-    built = build(cfg, dist, loader_state, batches)
+    built = build(cfg, dist, loader_state)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)

@@ -112,16 +112,21 @@ class Trainer:
     def run_epoch(self) -> None:
         """The rest of the current epoch, then its evaluation and checkpoint."""
         epoch, in_epoch = self.plan.locate(self.step)
+        batch, before = self.plan.global_batch(epoch), self.plan.global_batch(self.epoch)
         self.epoch = epoch
         r = self.cfg.run
         size = self.resolution.size_at(epoch)
         if size != self.size:
             log.info(
-                "epoch %d trains on %d px crops (was %d): the loader, the compiled step and its "
-                "CUDA graph change to the new size first",
+                "epoch %d trains on %d px crops (was %d)%s: the loader, the compiled step and "
+                "its CUDA graph change to the new size first",
                 epoch,
                 size,
                 self.size,
+                f" at global batch {batch} (was {before}), {self.plan.steps_in(epoch)} steps, "
+                f"peak LR {self.training.schedule.peak_at(self.step):.4g}"
+                if batch != before
+                else "",
             )
             self.size = size
             self.resized = (self.step, time.perf_counter())
@@ -269,7 +274,6 @@ class Trainer:
                     self.step,
                     self.plan,
                     augment_states,
-                    self.built.batches,
                 )
                 log.debug(
                     "saved %s", ckpt.write(state, self.run_dir, self.cfg.run.keep_checkpoints)

@@ -15,7 +15,7 @@ from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.data.torchvision import ImageFolderDataset
 from fasttrain.errors import UserError
 from fasttrain.resolution import Resolution
-from tests.conftest import FAST, assert_exact_resume
+from tests.conftest import FAST, Run, assert_exact_resume
 from tests.test_config import resolved
 
 
@@ -240,3 +240,43 @@ def test_dali_takes_each_sizes_own_batch_in_the_same_sample_order_and_resumes_ac
     assert len(resumed) == len(rest) == 5
     for (xa, ya), (xb, yb) in zip(rest, resumed, strict=True):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+@pytest.mark.parametrize("loader", ["dali", "torchvision"])
+def test_a_size_with_its_own_batch_takes_fewer_larger_steps_and_resumes_bitwise(
+    run, tiny_data, tmp_path, loader
+):
+    """--batch-sizes (what --batch-size auto fills in): the 64 px epoch trains at batch 32
+    where the 32 px one trains at 16, in half the steps, its LR scaled to its global batch;
+    interrupted and resumed (at step 4, and at the end of epoch 0, just before the change), the
+    run ends bitwise where the uninterrupted one does."""
+    if loader == "dali":
+        pytest.importorskip("nvidia.dali")
+    common = ["--data", tiny_data, *FAST, "--loader", loader, "--dali-threads", "2",
+              "--epochs", "2", "--accum-steps", "2", "--log-every", "1", "--eval-every", "0",
+              "--warmup-epochs", "0", "--lr-schedule", "step", "--lr-step-epochs", "10",
+              "--progressive-resizing", "32:64:0:1", "--batch-sizes", "64:32"]  # fmt: skip
+    assert_exact_resume(run, common, tmp_path, steps=6 + 3)  # 192 images: 6 steps, then 3
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert summary["plan"] == {"steps": [6, 3], "global_batches": [32, 64]}
+    lrs = [r["lr"] for r in Run.records(tmp_path / "whole", "train")]
+    assert lrs == pytest.approx([0.1 * 32 / 256] * 6 + [0.1 * 64 / 256] * 3)
+    log = (tmp_path / "whole" / "log-rank0.txt").read_text()
+    assert "epoch 1 trains on 64 px crops (was 32) at global batch 64 (was 32), 3 steps" in log
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--batch-sizes", "64-32"], "expected SIZE:BATCH pairs"),
+        (["--batch-sizes", "64:0"], "expected SIZE:BATCH pairs"),
+        (["--batch-sizes", "96:32"], "96 px is not a size this run trains at"),
+    ],
+)
+def test_bad_batch_sizes_are_one_line_naming_the_flag(run, extra, says):
+    argv = [*FAST, "--loader", "synthetic", "--progressive-resizing", "32:64:0:1", *extra]
+    code, err = run(*argv)
+    assert code == 2 and "--batch-sizes" in err and says in err, err
+    assert len(err.strip().splitlines()) == 1
+    code, err = run(*FAST, "--loader", "synthetic", "--batch-sizes", "32:8")
+    assert code == 2 and "needs --progressive-resizing" in err, err
