@@ -9,6 +9,9 @@ compiled step's own workspace; memory other processes hold is never counted as f
 search doubles from ``START`` until a batch does not fit, then bisects between the last fitting
 and the first failing size, so the answer is a measured one, never a formula.
 
+Under ``--progressive-resizing`` each train size is searched, the largest first; a smaller size
+whose search finds a larger batch trains at it (``--batch-sizes``), in fewer, larger steps.
+
 Trials use the uncompiled step: inductor's fused step holds less activation memory than eager
 (10.6 against 11.0 GiB at batch 256 on an H200), and a compile per tried size would take minutes.
 """

@@ -302,7 +302,8 @@ class TrainConfig:
         "--batch-size",
         "images per process per micro-step; the global batch is batch-size x processes x "
         "accum-steps. auto: the largest that fits this GPU with 10%% of its memory left free, "
-        "found by running the real step (capture included) at growing sizes before training",
+        "found by running the real step (capture included) at growing sizes before training "
+        "(with --progressive-resizing, at each size: --batch-sizes)",
         minimum=1,
         nullable=True,
         aliases=("-b",),

@@ -63,6 +63,20 @@ class Plan:
     def global_batch(self, epoch: int) -> int:
         return self.global_batches[min(epoch, self.epochs - 1)]
 
+    def describe(self) -> str:
+        """One line for the log: runs of epochs alike, with their global batch and steps."""
+        runs: list[list[int]] = []  # [first epoch, last epoch, global batch, steps]
+        for e, (steps, batch) in enumerate(zip(self.steps, self.global_batches, strict=True)):
+            if runs and runs[-1][2:] == [batch, steps]:
+                runs[-1][1] = e
+            else:
+                runs.append([e, e, batch, steps])
+        return "; ".join(
+            f"epoch{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}: global batch {batch}, "
+            f"{steps} steps each"
+            for a, b, batch, steps in runs
+        )
+
     def state_dict(self) -> dict[str, Any]:
         return {"steps": list(self.steps), "global_batches": list(self.global_batches)}
 

@@ -123,3 +123,5 @@ def log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
         total,
         step,
     )
+    if not built.plan.is_uniform:
+        log.info("--batch-sizes %s: %s", t.batch_sizes, built.plan.describe())

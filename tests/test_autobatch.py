@@ -24,3 +24,35 @@ def test_search_returns_0_when_nothing_fits_and_the_limit_when_everything_does()
     assert search(lambda b: False) == 0
     assert search(lambda b: True) == LIMIT
     assert search(lambda b: True, limit=1000) == 512  # doublings from 64 that stay under it
+
+
+def test_auto_measures_each_train_size_largest_first_and_keeps_the_larger_batches(monkeypatch):
+    """Under --progressive-resizing every size is searched, the largest first, each smaller one
+    from the batch found above it; sizes that fit more than the largest keep their own."""
+    import torch
+
+    from fasttrain import autobatch
+    from fasttrain.autobatch import Found, auto_batch_size
+    from fasttrain.config import Config
+    from fasttrain.distributed import DistState
+
+    searched = []
+
+    def fake_find(build, device, limit=LIMIT, start=64):
+        size = build(0)  # the fake builder below answers with the size it was made for
+        searched.append((size, start))
+        batch = {224: 512, 192: 704, 160: 1024}[size]  # fewer pixels, a larger batch
+        return Found(batch, 0, 1, [(batch, 0)], 0.0)
+
+    def sized_builder(make_training, image_size, *args, **kwargs):
+        return lambda batch: image_size
+
+    monkeypatch.setattr(autobatch, "find_batch_size", fake_find)
+    monkeypatch.setattr(autobatch, "step_builder", sized_builder)
+    cfg = Config()
+    cfg.data.progressive_resizing, cfg.train.epochs, cfg.train.amp = "160:224:2:6", 8, "bf16"
+    dist = DistState(0, 0, 1, torch.device("cpu"))
+    assert auto_batch_size(cfg, dist, None) == (512, {160: 1024, 192: 704})
+    assert searched == [(224, 64), (192, 512), (160, 704)]
+    saved = {"config": {"train": {"batch_size": 512, "batch_sizes": "160:1024,192:704"}}}
+    assert auto_batch_size(cfg, dist, ("ckpt.pt", saved)) == (512, {160: 1024, 192: 704})

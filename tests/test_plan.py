@@ -20,6 +20,9 @@ def test_a_plan_locates_every_step_in_its_epoch():
     assert not MIXED.is_uniform and Plan.uniform(7, 256, 3).is_uniform
     assert Plan.uniform(7, 256, 3).locate(15) == divmod(15, 7)
     assert Plan.from_state_dict(MIXED.state_dict()) == MIXED
+    assert MIXED.describe() == (
+        "epochs 0-1: global batch 1024, 10 steps each; epochs 2-3: global batch 512, 20 steps each"
+    )
 
 
 @pytest.mark.parametrize("kind", ["step", "cosine", "poly"])

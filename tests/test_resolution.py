@@ -263,6 +263,10 @@ def test_a_size_with_its_own_batch_takes_fewer_larger_steps_and_resumes_bitwise(
     assert lrs == pytest.approx([0.1 * 32 / 256] * 6 + [0.1 * 64 / 256] * 3)
     log = (tmp_path / "whole" / "log-rank0.txt").read_text()
     assert "epoch 1 trains on 64 px crops (was 32) at global batch 64 (was 32), 3 steps" in log
+    assert (
+        "--batch-sizes 64:32: epoch 0: global batch 32, 6 steps each; epoch 1: global batch 64, "
+        "3 steps each"
+    ) in log
 
 
 @pytest.mark.parametrize(
@@ -280,3 +284,15 @@ def test_bad_batch_sizes_are_one_line_naming_the_flag(run, extra, says):
     assert len(err.strip().splitlines()) == 1
     code, err = run(*FAST, "--loader", "synthetic", "--batch-sizes", "32:8")
     assert code == 2 and "needs --progressive-resizing" in err, err
+
+
+def test_synthetic_data_takes_each_sizes_own_batch():
+    ld = SyntheticLoader(batch_size=8, image_size=32, num_classes=4, steps=lambda b: 64 // b,
+                         device=torch.device("cpu"), dtype=torch.float32, channels_last=True,
+                         seed=0, resolution=Resolution(32, 64, 0, 1), batches={64: 16})  # fmt: skip
+    assert [ld.batches_in(e) for e in (0, 1)] == [8, 4]
+    ld.set_epoch(1)
+    got = list(ld)
+    assert len(got) == 4 and got[0][0].shape == (16, 3, 64, 64) and got[0][1].shape == (16,)
+    ld.set_epoch(0)
+    assert next(iter(ld))[0].shape == (8, 3, 32, 32)
