@@ -28,7 +28,7 @@ from fasttrain.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.metrics import DeviceMeter, Metrics, peak_memory_gib, rates_by
 from fasttrain.parallel import average_bn_statistics
 from fasttrain.profiling import RunProfiler, StepTimer, report_profile, span
-from fasttrain.resolution import train_resolution
+from fasttrain.resolution import parse_batch_sizes, train_resolution
 from fasttrain.runtime import discard_run_dir, prepare_run_dir
 from fasttrain.setup import set_up, total_steps
 
@@ -293,10 +293,12 @@ class Trainer:
             self.dist,
         )
         t = self.cfg.train
+        own = parse_batch_sizes(t.batch_sizes).get(self.size)  # this size's own batch, if any
+        flag = f"--batch-sizes {self.size}:{own}" if own else f"--batch-size {t.batch_size}"
         return OutOfMemory(
-            f"out of GPU memory at --batch-size {t.batch_size} ({self.cfg.model.arch}, "
-            f"{self.size} px, amp {t.amp}): lower --batch-size, and raise "
-            f"--accum-steps to keep the same global batch; {kept}"
+            f"out of GPU memory at {flag} ({self.cfg.model.arch}, {self.size} px, amp "
+            f"{t.amp}): lower {flag.split()[0]}, and raise --accum-steps to keep the same global "
+            f"batch; {kept}"
         )
 
     def close(self) -> None:

@@ -124,15 +124,26 @@ def test_bad_nproc_per_node_is_one_line(run):
     assert code == 2 and "--nproc-per-node 'zero'" in one_line_error(err)
 
 
-def test_out_of_memory_names_the_batch_and_what_to_do(run, tiny_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "extra, names",
+    [
+        ([], "--batch-size 16"),
+        (["--progressive-resizing", "32:64:1:2", "--batch-sizes", "32:8"], "--batch-sizes 32:8"),
+    ],
+)
+def test_out_of_memory_names_the_batch_and_what_to_do(
+    run, tiny_data, tmp_path, monkeypatch, extra, names
+):
+    """The batch the failing step ran at: --batch-size's, or its train size's own."""
+
     def oom(self, batches, meter, step):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(EagerStep, "__call__", oom)
-    code, err = run("--data", tiny_data, *FAST, "--output-dir", tmp_path / "o")
+    code, err = run("--data", tiny_data, *FAST, *extra, "--output-dir", tmp_path / "o")
     assert code == 1
     line = one_line_error(err)
-    assert "out of GPU memory at --batch-size 16" in line and "--accum-steps" in line
+    assert f"out of GPU memory at {names}" in line and "--accum-steps" in line
 
 
 def test_out_of_memory_mid_run_checkpoints_the_last_completed_step(
