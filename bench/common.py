@@ -12,6 +12,7 @@ from fasttrain.config import Config, OptimConfig
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.distributed import DistState
 from fasttrain.metrics import DeviceMeter
+from fasttrain.plan import Plan
 
 
 def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, Any]:
@@ -71,8 +72,7 @@ def make_step(
         cfg,
         dist,
         num_classes=1000,
-        global_batch=batch,
-        steps_per_epoch=5000,
+        plan=Plan.uniform(5000, batch, cfg.train.epochs),
         fixed_inputs=data.fixed_buffers,
     )
     batch_pair = (data.images, data.labels)

@@ -30,6 +30,7 @@ import torch
 from fasttrain.config import Config
 from fasttrain.distributed import DistState
 from fasttrain.errors import UserError
+from fasttrain.plan import Plan
 from fasttrain.resolution import parse_batch_sizes, train_resolution
 
 log = logging.getLogger("fasttrain")
@@ -195,8 +196,7 @@ def auto_batch_size(
             cfg,
             dist,
             num_classes=classes,
-            global_batch=256,
-            steps_per_epoch=100,
+            plan=Plan.uniform(100, 256, cfg.train.epochs),  # the LR does not change the memory
             parallel=False,
             compile=False,
         )

@@ -24,7 +24,7 @@ from fasttrain.errors import UserError
 from fasttrain.evaluate import Evaluator
 from fasttrain.mix import Mixer
 from fasttrain.model import build_configured_model
-from fasttrain.optim import Schedule, build_optimizer, build_schedule, plan_schedule
+from fasttrain.optim import Schedule, build_optimizer, plan_schedule
 from fasttrain.parallel import wrap_model
 from fasttrain.plan import Plan
 from fasttrain.resolution import parse_batch_sizes, train_resolution
@@ -64,11 +64,19 @@ class Built:
     training: Training
     evaluator: Evaluator | None  # None when there is nothing to evaluate, or --eval-every 0
     loader_batch: int  # the loader's batch: --batch-size, times the GPUs under DataParallel
-    global_batch: int  # images per optimizer step over every GPU and micro-batch
     gpus: int
-    steps_per_epoch: int  # the first epoch's
     plan: Plan  # every epoch's steps and global batch
     ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step over every GPU and micro-batch, in the first epoch."""
+        return self.plan.global_batches[0]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """The first epoch's optimizer steps."""
+        return self.plan.steps[0]
 
 
 def augment_seed(seed: int, rank: int, stream: int) -> int:
@@ -107,17 +115,13 @@ def build_training(
     dist: DistState,
     *,
     num_classes: int,
-    global_batch: int,
-    steps_per_epoch: int,
+    plan: Plan,
     fixed_inputs: bool = False,
     parallel: bool = True,
     compile: bool | None = None,
-    plan: Plan | None = None,
 ) -> Training:
-    """The model, wrapper, schedule, optimizer, loss and step that ``cfg`` describes.
-
-    The LR schedule follows ``plan`` where given (epochs that differ in steps and global
-    batch), else ``global_batch`` and ``steps_per_epoch`` over ``--epochs``.
+    """The model, wrapper, schedule, optimizer, loss and step that ``cfg`` describes; the LR
+    schedule follows ``plan`` (each epoch's steps and global batch).
 
     ``fixed_inputs``: the loader refills the same tensors every step (``Loader.fixed_buffers``).
     ``parallel=False`` leaves the model unwrapped (``--batch-size auto``'s trials, which must not
@@ -127,11 +131,7 @@ def build_training(
     model = build_configured_model(cfg.model, num_classes, dist.device, kernels)
     wrapped = wrap_model(model, t, dist) if parallel else None
     net = wrapped.net if wrapped else model
-    schedule = (
-        plan_schedule(cfg.optim, plan)
-        if plan is not None
-        else build_schedule(cfg.optim, global_batch, steps_per_epoch, t.epochs)
-    )
+    schedule = plan_schedule(cfg.optim, plan)
     triton_sgd = "sgd" in kernels
     optimizer = build_optimizer(model, cfg.optim, schedule.lr_at(0), triton=triton_sgd)
     criterion, scaler = build_loss(cfg.optim.label_smoothing, t.amp, xent="xent" in kernels)
@@ -188,7 +188,6 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
     loader_batches = {size: b * replicas for size, b in parse_batch_sizes(t.batch_sizes).items()}
-    global_batch = loader_batch * dist.world_size * t.accum_steps
     data = build_data(
         cfg.data,
         batch_size=loader_batch,
@@ -203,15 +202,8 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         batches=loader_batches,
     )
     plan = epoch_plan(cfg, data.train, loader_batch, loader_batches, dist.world_size)
-    steps_per_epoch, global_batch = plan.steps[0], plan.global_batches[0]
     training = build_training(
-        cfg,
-        dist,
-        num_classes=data.num_classes,
-        global_batch=global_batch,
-        steps_per_epoch=steps_per_epoch,
-        fixed_inputs=data.train.fixed_buffers,
-        plan=plan,
+        cfg, dist, num_classes=data.num_classes, plan=plan, fixed_inputs=data.train.fixed_buffers
     )
     evaluator = ema_evaluator = None
     if data.val is not None and cfg.run.eval_every > 0:
@@ -219,17 +211,7 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         if training.ema is not None:
             ema_evaluator = build_evaluator(cfg, dist, training.ema.module, loader_batch)
     gpus = dist.world_size * replicas
-    return Built(
-        data,
-        training,
-        evaluator,
-        loader_batch,
-        global_batch,
-        gpus,
-        steps_per_epoch,
-        plan,
-        ema_evaluator,
-    )
+    return Built(data, training, evaluator, loader_batch, gpus, plan, ema_evaluator)
 
 
 def epoch_plan(

@@ -17,6 +17,7 @@ from fasttrain.metrics import DeviceMeter, Metrics
 from fasttrain.mix import Mixer
 from fasttrain.model import build_model
 from fasttrain.optim import build_optimizer, build_schedule
+from fasttrain.plan import Plan
 from fasttrain.profiling import StepTimer
 from fasttrain.step import GraphedStep, build_step
 from tests.conftest import train_loader
@@ -487,7 +488,7 @@ def test_auto_batch_size_settles_within_what_is_free():
 
     def make_training():
         return build_training(
-            cfg, dist, num_classes=CLASSES, global_batch=256, steps_per_epoch=100, parallel=False
+            cfg, dist, num_classes=CLASSES, plan=Plan.uniform(100, 256, 1), parallel=False
         )
 
     torch.cuda.empty_cache()
