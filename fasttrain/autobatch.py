@@ -204,7 +204,7 @@ def auto_batch_size(
     if dist.is_main:
         log.info("--batch-size auto: trying batch sizes with real steps ...")
     resolution = train_resolution(cfg.data)
-    sizes = sorted({resolution.size_at(e) for e in range(cfg.train.epochs)}, reverse=True)
+    sizes = resolution.sizes(cfg.train.epochs)[::-1]
     found: dict[int, int] = {}
     for size in sizes:  # the largest first: what fits it is where the others' search starts
         found[size] = _largest_batch(cfg, dist, make_training, size, classes, start=found)

@@ -222,7 +222,7 @@ def epoch_plan(
     accum, resolution = cfg.train.accum_steps, train_resolution(cfg.data)
     steps, global_batches = [], []
     for epoch in range(cfg.train.epochs):
-        b = batches.get(resolution.size_at(epoch), batch)
+        b = resolution.batch_at(epoch, batches, batch)
         steps.append(train.batches_in(epoch) // accum)
         global_batches.append(b * world * accum)
         if steps[-1] == 0:

@@ -16,6 +16,7 @@ Imports nothing of the package but the config schema, and no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fasttrain.config import Config, DataConfig
@@ -72,10 +73,14 @@ class Resolution:
         size = ROUND_TO * round((self.start + frac * (self.end - self.start)) / ROUND_TO)
         return min(max(size, min(self.start, self.end)), max(self.start, self.end))
 
-    @property
-    def largest(self) -> int:
-        """The largest size of the schedule (it sizes ``--batch-size auto``)."""
-        return max(self.start, self.end)
+    def batch_at(self, epoch: int, batches: Mapping[int, int], default: int) -> int:
+        """``epoch``'s batch: its size's own in ``batches`` (``--batch-sizes``), else
+        ``default``."""
+        return batches.get(self.size_at(epoch), default)
+
+    def sizes(self, epochs: int) -> list[int]:
+        """The sizes ``epochs`` epochs train at, smallest first."""
+        return sorted({self.size_at(e) for e in range(epochs)})
 
     def describe(self, epochs: int) -> str:
         """One line for the log: which sizes, from which epoch."""
@@ -158,7 +163,7 @@ def _resolve_batch_sizes(cfg: Config) -> None:
             f"{flag}: --batch-size auto measures each size's batch itself; leave out one of them"
         )
     resolution = Resolution.parse(cfg.data.progressive_resizing)
-    sizes = sorted({resolution.size_at(e) for e in range(t.epochs)})
+    sizes = resolution.sizes(t.epochs)
     strangers = sorted(set(batches) - set(sizes))
     if strangers:
         raise UserError(

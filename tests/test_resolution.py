@@ -43,7 +43,8 @@ def test_sizes_are_ffcvs(start, end, first, last):
     r = Resolution.parse(f"{start}:{end}:{first}:{last}")
     for epoch in range(last + 5):
         assert r.size_at(epoch) == ffcv_resolution(epoch, start, end, last, first), epoch
-    assert r.largest == end
+    sizes = r.sizes(last + 5)
+    assert sizes[0] == start and sizes[-1] == end and sizes == sorted(set(sizes))
 
 
 def test_describe_names_each_change_once():

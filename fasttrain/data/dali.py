@@ -257,7 +257,7 @@ class DaliLoader:
     def shape_at(self, epoch: int) -> tuple[int, int]:
         """(crop size, batch) of ``epoch``."""
         size = self.resolution.size_at(epoch)
-        return size, self.batches_by_size.get(size, self.default_batch)
+        return size, self.resolution.batch_at(epoch, self.batches_by_size, self.default_batch)
 
     def runs_per_epoch(self, batch: int) -> int:
         """The pipeline's batches in an epoch: its reader pads the last one."""

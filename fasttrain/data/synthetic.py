@@ -44,7 +44,7 @@ class SyntheticLoader:
         self.fixed_buffers = True  # the same tensors every step: a CUDA graph reads them in place
 
     def batch_at(self, epoch: int) -> int:
-        return self.batches.get(self.resolution.size_at(epoch), self.batch_size)
+        return self.resolution.batch_at(epoch, self.batches, self.batch_size)
 
     def batches_in(self, epoch: int) -> int:
         steps = self.steps

@@ -344,7 +344,7 @@ def build_torchvision_loader(
         by_size = dict(batches or {})
 
         def batch_at(epoch: int) -> int:
-            return by_size.get(sizes.size_at(epoch), batch_size)
+            return sizes.batch_at(epoch, by_size, batch_size)
 
         sampler = TrainSampler(len(samples), rank, world, seed, batch_at)
         batching: dict = {"batch_sampler": sampler}
