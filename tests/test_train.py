@@ -352,6 +352,17 @@ def test_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(run, tiny_data, 
     assert_exact_resume(run, common, tmp_path, steps=12)
 
 
+def test_a_synthetic_epoch_counts_optimizer_steps_under_accumulation(run, tmp_path):
+    """--synthetic-steps 3 with --accum-steps 2: three optimizer steps an epoch (six
+    micro-batches), as the flag says."""
+    out = tmp_path / "accum"
+    code, err = run("--loader", "synthetic", "--synthetic-steps", "3", "--accum-steps", "2",
+                    "--epochs", "2", "--arch", "resnet18", "--image-size", "32", "--batch-size",
+                    "4", "--device", "cpu", "--log-every", "1", "--output-dir", out)  # fmt: skip
+    assert code == 0, err
+    assert [r["epoch"] for r in run.records(out, "train")] == [0, 0, 0, 1, 1, 1]
+
+
 def test_synthetic_loader_trains_without_val(run, tmp_path):
     out = tmp_path / "synth"
     code, err = run(

@@ -82,15 +82,19 @@ def build_data(
         classes = num_classes or 1000
 
         def steps(batch: int) -> int:
+            """Optimizer steps per epoch: --synthetic-steps, or an ImageNet epoch's."""
             return cfg.synthetic_steps or IMAGENET_TRAIN_IMAGES // (
                 batch * dist.world_size * accum_steps
             )
+
+        def micro_batches(batch: int) -> int:  # what the loader yields per epoch
+            return steps(batch) * accum_steps
 
         train = SyntheticLoader(
             batch_size=batch_size,
             **sizes,
             num_classes=classes,
-            steps=steps,
+            steps=micro_batches,
             device=dist.device,
             dtype=dtype,
             channels_last=channels_last,
