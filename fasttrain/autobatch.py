@@ -207,7 +207,8 @@ def auto_batch_size(
     sizes = resolution.sizes(cfg.train.epochs)[::-1]
     found: dict[int, int] = {}
     for size in sizes:  # the largest first: what fits it is where the others' search starts
-        found[size] = _largest_batch(cfg, dist, make_training, size, classes, start=found)
+        start = max(found.values(), default=START)
+        found[size] = _largest_batch(cfg, dist, make_training, size, classes, start)
     batch = found[sizes[0]]
     return batch, {s: b for s, b in found.items() if b > batch}
 
@@ -218,10 +219,10 @@ def _largest_batch(
     make_training: Callable[[], Any],
     size: int,
     classes: int,
-    start: dict[int, int],
+    start: int,
 ) -> int:
     """The largest batch at ``size`` px that fits on every rank (the smallest of their finds),
-    from trials that start at the batch found for a larger size, if any."""
+    from trials that start at ``start``."""
     from fasttrain.builder import amp_dtype
 
     build = step_builder(
@@ -233,7 +234,7 @@ def _largest_batch(
         dist.device,
         steps=5,  # the graph's 3 warm-up steps, its capture, one replay
     )
-    found = find_batch_size(build, dist.device, start=max(start.values(), default=START))
+    found = find_batch_size(build, dist.device, start=start)
     batch = min(dist.all_gather_object(found.batch, "the auto batch sizes"))
     if batch == 0:
         raise UserError(
