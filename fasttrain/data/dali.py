@@ -307,22 +307,25 @@ class DaliLoader:
             # resumed without a reader state (saved at another world size): take up the epoch
             # with this order, and run past the batches already trained on
             self.epoch = epoch
-            if self.shape_at(epoch) != (self.size, self.batch_size):
-                self._rebuild(*self.shape_at(epoch))
+            self._take_shape()
             self._skip(start_batch)
         self.fresh = False
         while self.epoch < epoch:  # drain this epoch, then move to the next one's shape
             self._skip(self.runs_per_epoch(self.batch_size))
             self.runs = 0
             self.epoch += 1
-            if self.shape_at(self.epoch) != (self.size, self.batch_size):
-                self._rebuild(*self.shape_at(self.epoch))
+            self._take_shape()
         if self.runs != start_batch:
             raise RuntimeError(
                 f"the DALI pipeline is at batch {self.runs} of epoch {epoch}, asked for "
                 f"batch {start_batch}"
             )
         self.start_batch = start_batch
+
+    def _take_shape(self) -> None:
+        """Rebuild the pipeline if the current epoch crops at another size or batch."""
+        if self.shape_at(self.epoch) != (self.size, self.batch_size):
+            self._rebuild(*self.shape_at(self.epoch))
 
     def _rebuild(self, size: int, batch: int) -> None:
         """Crop at ``size``, in batches of ``batch``, from here on (an epoch's start). Both are
