@@ -38,18 +38,20 @@ def make_step(
     kernels: str = "none",
     amp: str = "bf16",
     fused_bn: bool = False,
+    cudnn_bn: bool = False,
     overrides: dict[str, Any] | None = None,
 ) -> tuple[Callable[[], None], Any, DeviceMeter]:
     """One step variant ('eager', 'compiled', 'eager+graph', 'compiled+graph') as the trainer
     builds it (``builder.build_training``: the sample recipe's optimizer and loss, channels_last,
     compile mode default) on synthetic data, in ``amp`` (bf16 or fp16), with the
-    ``--triton-kernels`` named and optionally ``--fused-bn``: a no-argument call that trains one
-    step, the step, and its meter. ``overrides``: other settings by config key, e.g.
-    ``{"train.model_ema": True}``."""
+    ``--triton-kernels`` named and optionally ``--fused-bn`` or ``--cudnn-bn``: a no-argument
+    call that trains one step, the step, and its meter. ``overrides``: other settings by config
+    key, e.g. ``{"train.model_ema": True}``."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     cfg = Config()
     cfg.model.arch, cfg.data.image_size, cfg.model.fused_bn = arch, image_size, fused_bn
+    cfg.model.cudnn_bn = cudnn_bn
     cfg.optim = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     t = cfg.train
     t.amp, t.device, t.strategy, t.triton_kernels = amp, "cuda", "none", kernels

@@ -1,6 +1,7 @@
 """The training step alone (ResNet-50, synthetic channels_last data): eager, compiled, and each
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
-precisions and BatchNorm paths (bf16, fp16, fp16 with ``--fused-bn``) at batch 256 and 512, and
+precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
+``--fused-bn``) at batch 256 and 512, and
 ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
@@ -43,11 +44,15 @@ def test_step(benchmark, kind):
 
 @pytest.mark.benchmark(group="step paths")
 @pytest.mark.parametrize("batch", [256, 512])
-@pytest.mark.parametrize("path", ["bf16", "fp16", "fp16 fused-bn"])
+@pytest.mark.parametrize(
+    "path", ["bf16", "bf16 cudnn-bn", "fp16", "fp16 cudnn-bn", "fp16 fused-bn"]
+)
 def test_step_path(benchmark, path, batch):
     torch.cuda.reset_peak_memory_stats()
-    amp, fused = path.split()[0], path.endswith("fused-bn")
-    one, step, _ = make_step("compiled+graph", batch, amp=amp, fused_bn=fused)
+    amp, bn = path.split()[0], path.split()[-1]
+    one, step, _ = make_step(
+        "compiled+graph", batch, amp=amp, fused_bn=bn == "fused-bn", cudnn_bn=bn == "cudnn-bn"
+    )
     time_step(benchmark, one, step, batch)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 

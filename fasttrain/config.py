@@ -198,6 +198,15 @@ class ModelConfig:
         "the same decomposition in plain PyTorch. The weights and checkpoints stay "
         "torchvision's",
     )
+    cudnn_bn: bool = option(
+        False,
+        "--cudnn-bn",
+        "run each BatchNorm, with the residual add and ReLU after it, as cuDNN's fused "
+        "BatchNorm kernels (forward and backward) instead of the ones torch.compile generates. "
+        "bf16 or fp16, channels_last; on a GPU it needs the cuDNN frontend (pip install "
+        "--no-deps nvidia-cudnn-frontend); on the CPU it runs the same op in plain PyTorch. "
+        "The weights and checkpoints stay torchvision's",
+    )
 
 
 @dataclass

@@ -189,14 +189,22 @@ def bn_finalize(
     mean = total / count
     var = (total_sq / count - mean * mean).clamp_min(0)  # biased: what normalises the batch
     scale = gamma * torch.rsqrt(var + bn.eps)
+    update_running_stats(bn, mean, var, count)
+    return scale, beta - mean * scale
+
+
+def update_running_stats(
+    bn: torch.nn.modules.batchnorm._BatchNorm, mean: Tensor, var: Tensor, count: int
+) -> None:
+    """Fold one batch's mean and biased variance (``count`` values per channel) into ``bn``'s
+    running statistics exactly as ``nn.BatchNorm2d`` does: momentum (None: a cumulative
+    average), the running variance unbiased, ``num_batches_tracked`` counted."""
     with torch.no_grad():
         bn.num_batches_tracked.add_(1)
-        # momentum None: a cumulative average, as nn.BatchNorm2d does
         factor = 1.0 / bn.num_batches_tracked if bn.momentum is None else bn.momentum
         bn.running_mean.mul_(1 - factor).add_(factor * mean.detach())
         unbiased = var.detach() * (count / max(count - 1, 1))
         bn.running_var.mul_(1 - factor).add_(factor * unbiased)
-    return scale, beta - mean * scale
 
 
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:

@@ -14,21 +14,16 @@ from torch's allocator).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fasttrain.cudnn_graph import available, execute, handle, select_fastest
+
 log = logging.getLogger("fasttrain")
-
-
-def available() -> bool:
-    """Whether the cuDNN frontend is installed."""
-    return importlib.util.find_spec("cudnn") is not None
 
 
 @dataclass
@@ -40,19 +35,6 @@ class _Plan:
 
 
 _plans: dict[tuple, _Plan | None] = {}  # None: cuDNN declined that shape
-_handles: dict[int, Any] = {}
-
-
-def _handle(device: torch.device) -> Any:
-    import cudnn
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _handles:
-        with torch.cuda.device(index):
-            _handles[index] = cudnn.create_handle()
-    return _handles[index]
-
-
 # How the prologue's per-channel scale and bias may be described, tried in this order: fp32 (what
 # the reference computes with), or the io type, each with a channels-last or a packed stride
 _VECTOR_VARIANTS = ((torch.float32, "nhwc"), (torch.float32, "nchw"),
@@ -82,7 +64,7 @@ def _build_variant(
         io_data_type=half,
         intermediate_data_type=f32,
         compute_data_type=f32,
-        handle=_handle(x.device),
+        handle=handle(x.device),
     )
     c = x.shape[1]
     vec = {
@@ -123,39 +105,6 @@ def _build_variant(
     return plan
 
 
-def select_fastest(graph: Any, run: Callable[[int], None]) -> None:
-    """Build every plan cuDNN ranks for ``graph``, time ``run(workspace_bytes)`` (one execution
-    with that plan) on each, and keep the fastest, as ``cudnn.benchmark`` does for torch's
-    convolutions: the heuristics' first choice was several times slower than the bare convolution
-    for some shapes. Under a CUDA-graph capture nothing can be timed: the heuristics' first plan
-    that builds is kept."""
-    if torch.cuda.is_current_stream_capturing():
-        graph.build_plans()
-        return
-    best, best_ms = None, float("inf")
-    for index in range(graph.get_execution_plan_count()):
-        try:
-            graph.build_plan_at_index(index)
-        except Exception:  # a declined engine: try the next
-            continue
-        workspace = graph.get_workspace_size()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        try:
-            run(workspace)
-            start.record()
-            for _ in range(3):
-                run(workspace)
-            end.record()
-            end.synchronize()
-        except Exception:  # a plan that builds but does not run: the next
-            continue
-        if start.elapsed_time(end) < best_ms:
-            best, best_ms = index, start.elapsed_time(end)
-    if best is None:
-        raise RuntimeError("no plan of the graph builds")
-    graph.build_plan_at_index(best)
-
-
 def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, padding) -> None:
     """``select_fastest`` for a conv_bn graph, run on the call's own shapes."""
     c = x.shape[1]
@@ -192,7 +141,6 @@ def forward(
 def _execute(
     plan: _Plan, x: Tensor, w: Tensor, scale, bias, stride: int, padding: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    import cudnn
 
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
@@ -207,8 +155,5 @@ def _execute(
     if scale is not None:
         binds[t["scale"]] = scale.to(plan.vector_dtype).contiguous()
         binds[t["bias"]] = bias.to(plan.vector_dtype).contiguous()
-    workspace = torch.empty(max(1, plan.workspace), dtype=torch.uint8, device=x.device)
-    handle = _handle(x.device)
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
-    plan.graph.execute(binds, workspace, handle=handle)
+    execute(plan.graph, binds, plan.workspace, x.device)
     return y, total, total_sq

@@ -18,6 +18,7 @@ def build_model(
     zero_init_residual: bool = False,
     triton_maxpool: bool = False,
     fused_bn: bool = False,
+    cudnn_bn: bool = False,
 ) -> nn.Module:
     """A freshly initialised torchvision model (weights=None: nothing is downloaded).
 
@@ -25,9 +26,16 @@ def build_model(
     as the identity: the large-batch ImageNet recipe (Goyal et al. 2017), and timm's default.
     ``triton_maxpool`` swaps the stem's max-pool for fasttrain's Triton one (no parameters: the
     state dict is torchvision's either way). ``fused_bn`` builds the same ResNet with BatchNorm
-    folded into its convolutions (``FusedResNet``: same weights for a seed, same state dict).
+    folded into its convolutions (``FusedResNet``: same weights for a seed, same state dict);
+    ``cudnn_bn`` the same ResNet with each BN, add and ReLU as one op (``BNActResNet``).
     """
-    if fused_bn:
+    if fused_bn and cudnn_bn:
+        raise ValueError("fused_bn and cudnn_bn are two ways to run BatchNorm: choose one")
+    if cudnn_bn:
+        from fasttrain.bn_act_resnet import BNActResNet
+
+        model = BNActResNet(arch, num_classes=num_classes, zero_init_residual=zero_init_residual)
+    elif fused_bn:
         from fasttrain.fused_resnet import FusedResNet
 
         model = FusedResNet(arch, num_classes=num_classes, zero_init_residual=zero_init_residual)
@@ -61,6 +69,7 @@ def build_configured_model(
         zero_init_residual=cfg.zero_init_residual,
         triton_maxpool="maxpool" in kernels,
         fused_bn=cfg.fused_bn,
+        cudnn_bn=cfg.cudnn_bn,
     )
 
 

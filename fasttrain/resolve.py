@@ -54,6 +54,8 @@ def resolve(
         raise UserError(f"--weights {cfg.model.weights}: no such file")
     if cfg.model.fused_bn:
         _resolve_fused_bn(cfg, notes)
+    if cfg.model.cudnn_bn:
+        _resolve_cudnn_bn(cfg, notes)
     if t.amp is None:
         t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
@@ -232,11 +234,54 @@ def _resolve_fused_bn(cfg: Config, notes: list[str]) -> None:
             "--fused-bn runs cuDNN's fused convolutions, which take NHWC tensors: leave out "
             "--no-channels-last"
         )
-    from fasttrain import cudnn_conv_bn
+    from fasttrain import cudnn_graph
 
-    if not cudnn_conv_bn.available():
+    if not cudnn_graph.available():
         raise UserError(
             "--fused-bn needs the cuDNN frontend on a GPU: pip install --no-deps "
+            "nvidia-cudnn-frontend (its declared dependencies serve other features)"
+        )
+
+
+def _resolve_cudnn_bn(cfg: Config, notes: list[str]) -> None:
+    """--cudnn-bn's settings: cuDNN's BN kernels take bf16 or fp16 NHWC tensors, and compute
+    each BN from its own process's batch."""
+    t = cfg.train
+    if cfg.model.fused_bn:
+        raise UserError(
+            "--cudnn-bn and --fused-bn are two ways to run BatchNorm: choose one of them"
+        )
+    if t.sync_bn:
+        raise UserError(
+            "--cudnn-bn computes each BatchNorm's statistics per process; it cannot synchronise "
+            "them: leave out --sync-bn or --cudnn-bn"
+        )
+    if t.deterministic and t.device == "cuda":
+        raise UserError(
+            "--cudnn-bn runs cuDNN's BatchNorm kernels, which promise no fixed order of their "
+            "reductions: leave out --deterministic or --cudnn-bn"
+        )
+    if t.device != "cuda":
+        notes.append(
+            "--cudnn-bn on the CPU runs its BatchNorm op in plain PyTorch (a reference: correct, "
+            "not faster)"
+        )
+        return
+    if t.amp == "off":
+        raise UserError(
+            "--cudnn-bn runs cuDNN's BatchNorm kernels in bf16 or fp16: use --amp bf16 or fp16 "
+            "(or leave --amp out), not --amp off"
+        )
+    if not cfg.model.channels_last:
+        raise UserError(
+            "--cudnn-bn runs cuDNN's BatchNorm kernels, which take NHWC tensors: leave out "
+            "--no-channels-last"
+        )
+    from fasttrain import cudnn_graph
+
+    if not cudnn_graph.available():
+        raise UserError(
+            "--cudnn-bn needs the cuDNN frontend on a GPU: pip install --no-deps "
             "nvidia-cudnn-frontend (its declared dependencies serve other features)"
         )
 

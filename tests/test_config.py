@@ -440,9 +440,9 @@ def test_ddp_only_settings_without_ddp_are_named_in_a_note():
 
 
 def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
-    from fasttrain import cudnn_conv_bn
+    from fasttrain import cudnn_graph
 
-    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: True)
+    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
     cfg = resolved(["--data", "/d", "--fused-bn"])
     assert cfg.model.fused_bn and cfg.train.amp == "fp16"
     assert resolved(["--data", "/d", "--fused-bn", "--amp", "fp16"]).train.amp == "fp16"
@@ -454,7 +454,7 @@ def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeyp
     for extra, message in refusals.items():
         with pytest.raises(UserError, match=message):
             resolved(["--data", "/d", "--fused-bn", *extra], world=2 if "--sync-bn" in extra else 1)
-    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: False)
+    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
     with pytest.raises(UserError, match="pip install --no-deps nvidia-cudnn-frontend"):
         resolved(["--data", "/d", "--fused-bn"])
     notes = []
@@ -512,10 +512,35 @@ def test_lr_scaling_reads_lr_per_256_images_or_as_the_rate_itself(scaling, peak)
     assert schedule.peak_lr == pytest.approx(peak)
 
 
-def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
-    from fasttrain import cudnn_conv_bn
+def test_cudnn_bn_runs_in_bf16_or_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
+    from fasttrain import cudnn_graph
 
-    monkeypatch.setattr(cudnn_conv_bn, "available", lambda: True)
+    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
+    cfg = resolved(["--data", "/d", "--cudnn-bn"])
+    assert cfg.model.cudnn_bn and cfg.train.amp == "bf16"
+    assert resolved(["--data", "/d", "--cudnn-bn", "--amp", "fp16"]).train.amp == "fp16"
+    refusals = {
+        ("--amp", "off"): "bf16 or fp16: use --amp bf16 or fp16 .* not --amp off",
+        ("--fused-bn",): "two ways to run BatchNorm: choose one of them",
+        ("--sync-bn",): "cannot synchronise them: leave out --sync-bn or --cudnn-bn",
+        ("--deterministic",): "no fixed order .* leave out --deterministic or --cudnn-bn",
+        ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
+    }
+    for extra, message in refusals.items():
+        with pytest.raises(UserError, match=message):
+            resolved(["--data", "/d", "--cudnn-bn", *extra], world=2 if "--sync-bn" in extra else 1)
+    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
+    with pytest.raises(UserError, match="--cudnn-bn needs the cuDNN frontend"):
+        resolved(["--data", "/d", "--cudnn-bn"])
+    notes = []
+    cfg = resolved(["--data", "/d", "--cudnn-bn"], cuda=False, notes=notes)
+    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
+
+
+def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
+    from fasttrain import cudnn_graph
+
+    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
     with pytest.raises(UserError, match=r"atomic adds .* leave out --deterministic or --fused-bn"):
         resolved(["--data", "/d", "--fused-bn", "--deterministic"])
 

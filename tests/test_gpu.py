@@ -62,12 +62,16 @@ def make(
     ema: bool = False,
     mix: bool = False,
     fused_bn: bool = False,
+    cudnn_bn: bool = False,
 ):
     """A fresh resnet18 (same seed: same weights) with the step ``kind`` names; ``triton``:
     fasttrain's fused SGD instead of torch's; ``maxpool``: its Triton max-pool in the stem;
-    ``fused_bn``: BatchNorm folded into the convolutions (``FusedResNet``)."""
+    ``fused_bn``: BatchNorm folded into the convolutions (``FusedResNet``); ``cudnn_bn``: each
+    BN with its add and ReLU as cuDNN's fused BN kernels (``BNActResNet``)."""
     torch.manual_seed(0)
-    model = build_model("resnet18", CLASSES, True, DEV, triton_maxpool=maxpool, fused_bn=fused_bn)
+    model = build_model(
+        "resnet18", CLASSES, True, DEV, triton_maxpool=maxpool, fused_bn=fused_bn, cudnn_bn=cudnn_bn
+    )
     schedule = build_schedule(
         OptimConfig(warmup_epochs=0.5, lr_schedule="cosine"), BATCH * accum, 20, 2
     )
@@ -337,17 +341,19 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
         "compiled+graph+triton-maxpool",
         "compiled+graph+recipe",
         "compiled+graph+fused-bn",
+        "compiled+graph+cudnn-bn",
     ],
 )
 def test_steady_state_steps_do_not_sync(kind):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
-    clipping, EMA, mixup/CutMix, random erasing) and on the fused conv + BN path (fp16)."""
+    clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16) and on
+    cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
         base += "+graph"
-    if extra == "fused-bn":
+    if extra in ("fused-bn", "cudnn-bn"):
         pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
     recipe = extra == "recipe"
     fp16 = recipe or extra == "fused-bn"
@@ -360,6 +366,7 @@ def test_steady_state_steps_do_not_sync(kind):
         ema=recipe,
         mix=recipe,
         fused_bn=extra == "fused-bn",
+        cudnn_bn=extra == "cudnn-bn",
     )
     data = batches(4, dtype=torch.float16 if fp16 else torch.bfloat16)
     meter = DeviceMeter(DEV)

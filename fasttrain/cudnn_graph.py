@@ -1,0 +1,77 @@
+"""What every cuDNN frontend graph here needs: whether the frontend is installed, one handle per
+device, the fastest of the plans cuDNN ranks, and a launch on torch's current stream.
+
+``cudnn_conv_bn`` (convolution with BatchNorm folded in) and ``cudnn_bn`` (cuDNN's standalone
+BatchNorm + add + ReLU kernels) build their graphs on these. The frontend is
+``pip install --no-deps nvidia-cudnn-frontend``; nothing here imports it until a graph is built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_handles: dict[int, Any] = {}
+
+
+def available() -> bool:
+    """Whether the cuDNN frontend is installed."""
+    return importlib.util.find_spec("cudnn") is not None
+
+
+def handle(device: torch.device) -> Any:
+    """The cuDNN handle for ``device``, created once."""
+    import cudnn
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _handles:
+        with torch.cuda.device(index):
+            _handles[index] = cudnn.create_handle()
+    return _handles[index]
+
+
+def select_fastest(graph: Any, run: Callable[[int], None]) -> None:
+    """Build every plan cuDNN ranks for ``graph``, time ``run(workspace_bytes)`` (one execution
+    with that plan) on each, and keep the fastest, as ``cudnn.benchmark`` does for torch's
+    convolutions: the heuristics' first choice was several times slower than the bare convolution
+    for some shapes. Under a CUDA-graph capture nothing can be timed: the heuristics' first plan
+    that builds is kept."""
+    if torch.cuda.is_current_stream_capturing():
+        graph.build_plans()
+        return
+    best, best_ms = None, float("inf")
+    for index in range(graph.get_execution_plan_count()):
+        try:
+            graph.build_plan_at_index(index)
+        except Exception:  # a declined engine: try the next
+            continue
+        workspace = graph.get_workspace_size()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        try:
+            run(workspace)
+            start.record()
+            for _ in range(3):
+                run(workspace)
+            end.record()
+            end.synchronize()
+        except Exception:  # a plan that builds but does not run: the next
+            continue
+        if start.elapsed_time(end) < best_ms:
+            best, best_ms = index, start.elapsed_time(end)
+    if best is None:
+        raise RuntimeError("no plan of the graph builds")
+    graph.build_plan_at_index(best)
+
+
+def execute(graph: Any, binds: dict, workspace_bytes: int, device: torch.device) -> None:
+    """Launch ``graph`` on torch's current stream with ``binds`` (graph tensor -> torch tensor),
+    its workspace from torch's allocator: so the launch is capturable in a CUDA graph."""
+    import cudnn
+
+    workspace = torch.empty(max(1, workspace_bytes), dtype=torch.uint8, device=device)
+    h = handle(device)
+    cudnn.set_stream(handle=h, stream=torch.cuda.current_stream(device).cuda_stream)
+    graph.execute(binds, workspace, handle=h)
