@@ -22,6 +22,7 @@ from pathlib import Path
 CLASSES = (
     ("communication (NCCL)", ("nccl",)),
     ("inductor / Triton", ("triton_",)),
+    ("BatchNorm (cuDNN)", ("nhwc_batch_norm", "bn_fw", "bn_bw")),  # --cudnn-bn's kernels
     ("convolution (cuDNN)", ("conv", "fprop", "dgrad", "wgrad", "implicit", "genstats")),
     ("matmul (cuBLAS)", ("gemm", "nvjet", "cublas")),
     ("convolution (cuDNN)", ("xmma", "cudnn", "cutlass")),  # the rest of cuDNN's engines

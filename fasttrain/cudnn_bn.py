@@ -109,6 +109,8 @@ def forward(
     x: Tensor, weight: Tensor, bias: Tensor, residual: Tensor | None, eps: float, relu: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """``bn_act``'s (y, mask, mean, invstd) by cuDNN, or None where it does not run."""
+    if residual is not None:
+        residual = residual.contiguous(memory_format=torch.channels_last)
     if not _fits(x, *([residual] if residual is not None else [])):
         return None
     c = x.shape[1]
@@ -224,7 +226,11 @@ def backward(
     residual: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """``bn_act_backward``'s (grad x, grad weight, grad bias, grad residual) by cuDNN, or None
-    where it does not run (a residual without a ReLU among them: nothing to fuse there)."""
+    where it does not run (a residual without a ReLU among them: nothing to fuse there).
+    ``grad_y`` is made channels_last where it is not: the gradient that reaches the last BN
+    from the average pool's backward comes contiguous, and one copy costs less than the
+    reference's passes."""
+    grad_y = grad_y.contiguous(memory_format=torch.channels_last)
     if not _fits(x, grad_y) or (relu and x.shape[1] % 8) or (residual and not relu):
         return None
     if weight.dtype != torch.float32:

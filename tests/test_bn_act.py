@@ -162,6 +162,10 @@ def test_cudnn_bn_matches_the_reference(c, size, dtype):
         torch.testing.assert_close(grads[2], expect[2], rtol=1e-2, atol=0.5)
         if residual is not None:
             torch.testing.assert_close(grads[3].float(), expect[3].float())
+    # the gradient from the average pool's backward reaches the last BN contiguous, not NHWC
+    nchw = cudnn_bn.backward(dy.contiguous(), x, want[1], w, want[2], want[3], False, False)
+    assert nchw is not None
+    torch.testing.assert_close(nchw[0].float(), grads[0].float(), rtol=1e-2, atol=1e-2)
     static = x.clone()
     graph = torch.cuda.CUDAGraph()
     bn_act(static, w, b, z, 1e-5, True)  # plans are built outside the capture
