@@ -1,8 +1,9 @@
 """The training step alone (ResNet-50, synthetic channels_last data): eager, compiled, and each
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
-``--fused-bn``) at batch 256 and 512, and
-``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions. A
+``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
+auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
+convolutions. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 from common import make_step  # bench/common.py (pytest puts bench/ on sys.path via rootdir)
+
+from fasttrain.resolve import FASTEST_INDUCTOR_OPTIONS
 
 BATCH, BLOCK = 256, 25
 
@@ -54,6 +57,20 @@ def test_step_path(benchmark, path, batch):
         "compiled+graph", batch, amp=amp, fused_bn=bn == "fused-bn", cudnn_bn=bn == "cudnn-bn"
     )
     time_step(benchmark, one, step, batch)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+@pytest.mark.benchmark(group="step paths, --compile-mode auto")
+@pytest.mark.parametrize("path", ["bf16", "fp16 fused-bn"])
+def test_step_path_tuned(benchmark, path):
+    """The default bf16 step and the fp16 --fused-bn one at batch 256 under --compile-mode auto
+    (default plus inductor's coordinate-descent tuning): minutes of tuning per path on a first
+    start, cached for later ones."""
+    torch.cuda.reset_peak_memory_stats()
+    amp, fused = path.split()[0], path.endswith("fused-bn")
+    tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS}  # what auto resolves to
+    one, step, _ = make_step("compiled+graph", BATCH, amp=amp, fused_bn=fused, overrides=tuned)
+    time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 

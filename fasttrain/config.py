@@ -205,7 +205,8 @@ class ModelConfig:
         "BatchNorm kernels (forward and backward) instead of the ones torch.compile generates. "
         "bf16 or fp16, channels_last; on a GPU it needs the cuDNN frontend (pip install "
         "--no-deps nvidia-cudnn-frontend); on the CPU it runs the same op in plain PyTorch. "
-        "The weights and checkpoints stay torchvision's",
+        "The weights and checkpoints stay torchvision's. Under --compile it measured 1.3%% "
+        "slower than the kernels torch.compile generates (ResNet-50, bf16, one H200)",
     )
 
 

@@ -304,14 +304,21 @@ def test_compile_flag_trains_and_saves_unprefixed_checkpoints(run, tiny_data, tm
     assert "compiling the step" not in (tmp_path / "eager" / "log-rank0.txt").read_text()
 
 
-def test_fused_bn_trains_like_the_plain_model_and_saves_torchvisions_state_dict(
-    run, tiny_data, tmp_path
+@pytest.mark.parametrize(
+    "flag, note",
+    [
+        ("--fused-bn", "--fused-bn on the CPU runs the fused decomposition"),
+        ("--cudnn-bn", "--cudnn-bn on the CPU runs its BatchNorm op in plain PyTorch"),
+    ],
+)
+def test_bn_paths_train_like_the_plain_model_and_save_torchvisions_state_dict(
+    run, tiny_data, tmp_path, flag, note
 ):
-    """--fused-bn on the CPU runs the fused decomposition in plain PyTorch: from the same
-    weights its losses follow the plain model's, and its checkpoint loads into torchvision's
+    """--fused-bn and --cudnn-bn on the CPU run their references in plain PyTorch: from the same
+    weights the losses follow the plain model's, and the checkpoint loads into torchvision's
     ResNet as it is."""
     losses = {}
-    for name, extra in (("plain", []), ("fused", ["--fused-bn"])):
+    for name, extra in (("plain", []), ("path", [flag])):
         out = tmp_path / name
         code, err = run(
             "--data", tiny_data, *FAST, "--epochs", "1", "--max-steps", "4",
@@ -319,12 +326,12 @@ def test_fused_bn_trains_like_the_plain_model_and_saves_torchvisions_state_dict(
         )  # fmt: skip
         assert code == 0, err
         losses[name] = [r["loss"] for r in run.records(out, "train")]
-    assert len(losses["fused"]) == 4
-    assert losses["fused"][0] == pytest.approx(losses["plain"][0], rel=1e-5)
-    assert losses["fused"] == pytest.approx(losses["plain"], rel=1e-3)
-    assert "--fused-bn on the CPU runs the fused decomposition" in err
+    assert len(losses["path"]) == 4
+    assert losses["path"][0] == pytest.approx(losses["plain"][0], rel=1e-5)
+    assert losses["path"] == pytest.approx(losses["plain"], rel=1e-3)
+    assert note in err
     plain = build_model("resnet18", 4, True, torch.device("cpu"))
-    plain.load_state_dict(params(tmp_path / "fused")["model"], strict=True)
+    plain.load_state_dict(params(tmp_path / "path")["model"], strict=True)
 
 
 def test_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(run, tiny_data, tmp_path):
