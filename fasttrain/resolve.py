@@ -18,6 +18,7 @@ from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.paths import found_exclude_list
 from fasttrain.resolution import resolve_sizes
+from fasttrain.resolve_bn import resolve_bn_paths
 from fasttrain.runs import newest_run_of
 
 if TYPE_CHECKING:
@@ -52,10 +53,7 @@ def resolve(
         gpus = torch.cuda.device_count() if t.device == "cuda" else 0
     if cfg.model.weights is not None and not Path(cfg.model.weights).expanduser().is_file():
         raise UserError(f"--weights {cfg.model.weights}: no such file")
-    if cfg.model.fused_bn:
-        _resolve_fused_bn(cfg, notes)
-    if cfg.model.cudnn_bn:
-        _resolve_cudnn_bn(cfg, notes)
+    resolve_bn_paths(cfg, notes)
     if t.amp is None:
         t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
@@ -200,90 +198,6 @@ def _resolve_test_only(cfg: Config) -> None:
         )
     if cfg.train.batch_size is None:
         cfg.train.batch_size = 256 if cfg.train.device == "cuda" else 32
-
-
-def _resolve_fused_bn(cfg: Config, notes: list[str]) -> None:
-    """--fused-bn's settings: cuDNN fuses BN into convolutions in fp16 and NHWC only, and the
-    fused forward computes each BN from its own process's batch (as plain BN does)."""
-    t = cfg.train
-    if t.deterministic and t.device == "cuda":
-        raise UserError(
-            "--fused-bn sums each BatchNorm's statistics with atomic adds inside cuDNN's fused "
-            "convolution, in no fixed order: leave out --deterministic or --fused-bn"
-        )
-    if t.sync_bn:
-        raise UserError(
-            "--fused-bn computes each BatchNorm's statistics inside the convolutions, per "
-            "process; it cannot synchronise them: leave out --sync-bn or --fused-bn"
-        )
-    if t.device != "cuda":
-        notes.append(
-            "--fused-bn on the CPU runs the fused decomposition in plain PyTorch (a reference: "
-            "correct, not faster)"
-        )
-        return
-    if t.amp is None:
-        t.amp = "fp16"
-    elif t.amp != "fp16":
-        raise UserError(
-            f"--fused-bn trains in fp16 (cuDNN fuses BatchNorm into convolutions only in fp16): "
-            f"use --amp fp16 or leave --amp out, not --amp {t.amp}"
-        )
-    if not cfg.model.channels_last:
-        raise UserError(
-            "--fused-bn runs cuDNN's fused convolutions, which take NHWC tensors: leave out "
-            "--no-channels-last"
-        )
-    from fasttrain import cudnn_graph
-
-    if not cudnn_graph.available():
-        raise UserError(
-            "--fused-bn needs the cuDNN frontend on a GPU: pip install --no-deps "
-            "nvidia-cudnn-frontend (its declared dependencies serve other features)"
-        )
-
-
-def _resolve_cudnn_bn(cfg: Config, notes: list[str]) -> None:
-    """--cudnn-bn's settings: cuDNN's BN kernels take bf16 or fp16 NHWC tensors, and compute
-    each BN from its own process's batch."""
-    t = cfg.train
-    if cfg.model.fused_bn:
-        raise UserError(
-            "--cudnn-bn and --fused-bn are two ways to run BatchNorm: choose one of them"
-        )
-    if t.sync_bn:
-        raise UserError(
-            "--cudnn-bn computes each BatchNorm's statistics per process; it cannot synchronise "
-            "them: leave out --sync-bn or --cudnn-bn"
-        )
-    if t.deterministic and t.device == "cuda":
-        raise UserError(
-            "--cudnn-bn runs cuDNN's BatchNorm kernels, which promise no fixed order of their "
-            "reductions: leave out --deterministic or --cudnn-bn"
-        )
-    if t.device != "cuda":
-        notes.append(
-            "--cudnn-bn on the CPU runs its BatchNorm op in plain PyTorch (a reference: correct, "
-            "not faster)"
-        )
-        return
-    if t.amp == "off":
-        raise UserError(
-            "--cudnn-bn runs cuDNN's BatchNorm kernels in bf16 or fp16: use --amp bf16 or fp16 "
-            "(or leave --amp out), not --amp off"
-        )
-    if not cfg.model.channels_last:
-        raise UserError(
-            "--cudnn-bn runs cuDNN's BatchNorm kernels, which take NHWC tensors: leave out "
-            "--no-channels-last"
-        )
-    from fasttrain import cudnn_graph
-
-    if not cudnn_graph.available():
-        raise UserError(
-            "--cudnn-bn needs the cuDNN frontend on a GPU: pip install --no-deps "
-            "nvidia-cudnn-frontend (its declared dependencies serve other features)"
-        )
 
 
 def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str]) -> None:
