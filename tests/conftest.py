@@ -165,3 +165,40 @@ def constant_lr(lr: float):
         step_epochs=10**6,
         gamma=0.1,
     )
+
+
+def assert_matches_torchvision(arch: str, build) -> None:
+    """``build(arch, num_classes=7, zero_init_residual=False)`` makes a ResNet with another
+    forward (a fused BN path): from the same seed it has torchvision's weights and state dict,
+    and in fp64 the same logits, gradients and running statistics after a training step, and
+    the same logits in eval mode."""
+    import torchvision
+
+    kw = dict(num_classes=7, zero_init_residual=False)
+    torch.manual_seed(0)
+    ref = getattr(torchvision.models, arch)(weights=None, **kw).double()
+    torch.manual_seed(0)
+    ours = build(arch, **kw).double()
+    ref_state, state = ref.state_dict(), ours.state_dict()
+    assert list(state) == list(ref_state)
+    assert all(torch.equal(state[k], ref_state[k]) for k in state)
+    for model in (ref, ours):
+        model.to(memory_format=torch.channels_last)
+    # batch 4: layer4's BN then normalises 4 values per channel (2 would make it near-singular,
+    # and the gradients chaotic in the last bits)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 32, 32, generator=g, dtype=torch.float64)
+    x = x.contiguous(memory_format=torch.channels_last)
+    out, out_ref = ours(x), ref(x)
+    torch.testing.assert_close(out, out_ref)
+    (out * torch.arange(7.0, dtype=torch.float64)).sum().backward()
+    (out_ref * torch.arange(7.0, dtype=torch.float64)).sum().backward()
+    grads = dict(ours.named_parameters())
+    for name, p in ref.named_parameters():  # elementwise, the smallest gradients' last bits differ
+        assert (grads[name].grad - p.grad).norm() <= 1e-10 * p.grad.norm(), name
+    state, ref_state = ours.state_dict(), ref.state_dict()
+    for k in state:
+        torch.testing.assert_close(state[k], ref_state[k], msg=k)
+    ours.eval()
+    ref.eval()
+    torch.testing.assert_close(ours(x), ref(x))

@@ -5,11 +5,11 @@ kernels against the reference."""
 
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 from fasttrain.bn_act import batch_norm_act, bn_act, bn_act_backward, pack_mask, unpack_mask
 from fasttrain.bn_act_resnet import BNActResNet
+from tests.conftest import assert_matches_torchvision
 
 
 def _x(*shape, seed=0, dtype=torch.float64, device="cpu"):
@@ -83,33 +83,9 @@ def test_bn_act_ops_are_well_formed_custom_ops():
 
 @pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
 def test_bn_act_resnet_is_torchvisions_model(arch):
-    """Same seed, same weights and state dict; in fp64 the same logits, gradients and running
-    statistics after a training step, and the same logits in eval mode."""
-    kw = dict(num_classes=7, zero_init_residual=False)
-    torch.manual_seed(0)
-    ref = getattr(torchvision.models, arch)(weights=None, **kw).double()
-    torch.manual_seed(0)
-    ours = BNActResNet(arch, **kw).double()
-    assert list(ours.state_dict()) == list(ref.state_dict())
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(ours.state_dict().values(), ref.state_dict().values(), strict=True)
-    )
-    for model in (ref, ours):
-        model.to(memory_format=torch.channels_last)
-    x = _x(4, 3, 32, 32, seed=3)
-    out, out_ref = ours(x), ref(x)
-    torch.testing.assert_close(out, out_ref)
-    (out * torch.arange(7.0, dtype=torch.float64)).sum().backward()
-    (out_ref * torch.arange(7.0, dtype=torch.float64)).sum().backward()
-    grads = dict(ours.named_parameters())
-    for name, p in ref.named_parameters():
-        assert (grads[name].grad - p.grad).norm() <= 1e-10 * p.grad.norm(), name
-    for k, v in ref.state_dict().items():
-        torch.testing.assert_close(ours.state_dict()[k], v, msg=k)
-    ours.eval()
-    ref.eval()
-    torch.testing.assert_close(ours(x), ref(x))
+    """The same weights, state dict, logits, gradients and running statistics as torchvision's
+    ResNet."""
+    assert_matches_torchvision(arch, BNActResNet)
 
 
 def test_the_bn_act_forward_traces_without_graph_breaks():

@@ -11,6 +11,7 @@ from torch import nn
 
 from fasttrain.conv_bn import affine, bn_finalize, conv_bn
 from fasttrain.fused_resnet import FusedResNet
+from tests.conftest import assert_matches_torchvision
 
 
 def _x(*shape, seed=0, dtype=torch.float64):
@@ -112,35 +113,10 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
     [("resnet18", {1, 3}), ("resnet50", {1, 3}), ("resnet50", {3}), ("resnet50", ())],
 )
 def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch, fold):
-    """Same seed, same weights and state dict; in fp64 the same logits, gradients and running
-    statistics after a training step, and the same logits in eval mode; with every prologue
-    folded into its convolution, only the 3x3 ones', or none (an elementwise pass each)."""
-    kw = dict(num_classes=7, zero_init_residual=False)
-    torch.manual_seed(0)
-    ref = getattr(torchvision.models, arch)(weights=None, **kw).double()
-    torch.manual_seed(0)
-    fused = FusedResNet(arch, fold=fold, **kw).double()
-    ref_state, state = ref.state_dict(), fused.state_dict()
-    assert list(state) == list(ref_state)
-    assert all(torch.equal(state[k], ref_state[k]) for k in state)
-    for model in (ref, fused):
-        model.to(memory_format=torch.channels_last)
-    # batch 4: layer4's BN then normalises 4 values per channel (2 would make it near-singular,
-    # and the gradients chaotic in the last bits)
-    x = _x(4, 3, 32, 32, seed=3)
-    out, out_ref = fused(x), ref(x)
-    torch.testing.assert_close(out, out_ref)
-    (out * torch.arange(7.0, dtype=torch.float64)).sum().backward()
-    (out_ref * torch.arange(7.0, dtype=torch.float64)).sum().backward()
-    grads = dict(fused.named_parameters())
-    for name, p in ref.named_parameters():  # elementwise, the smallest gradients' last bits differ
-        assert (grads[name].grad - p.grad).norm() <= 1e-10 * p.grad.norm(), name
-    state, ref_state = fused.state_dict(), ref.state_dict()
-    for k in state:
-        torch.testing.assert_close(state[k], ref_state[k], msg=k)
-    fused.eval()
-    ref.eval()
-    torch.testing.assert_close(fused(x), ref(x))
+    """The same weights, state dict, logits, gradients and running statistics as torchvision's
+    ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
+    elementwise pass each)."""
+    assert_matches_torchvision(arch, lambda arch, **kw: FusedResNet(arch, fold=fold, **kw))
 
 
 def test_a_fused_checkpoint_loads_into_torchvision_and_back():
