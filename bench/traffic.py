@@ -107,14 +107,14 @@ def measure(arch: str, path: str, size: int, batch: int, device: str, top: int =
 @contextlib.contextmanager
 def counting() -> Iterator[None]:
     """Inductor counts each kernel's bytes (``metrics.nodes_num_elem``) while its
-    ``inductor_metrics`` log is on; no cache may answer, since a hit compiles nothing. The log
-    itself, a wall of node reprs, is kept off the terminal."""
+    ``inductor_metrics`` log is on (INFO); its records, a wall of node reprs, go nowhere. No
+    cache may answer, since a hit compiles nothing."""
     import torch._inductor.config as inductor
 
-    quiet = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
-    torch._logging.set_logs(inductor_metrics=True)
-    quiet.propagate, quiet.disabled = False, False
-    handlers, quiet.handlers = quiet.handlers, [logging.NullHandler()]
+    log = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
+    saved = log.level, log.propagate, log.handlers
+    log.setLevel(logging.INFO)
+    log.propagate, log.handlers = False, [logging.NullHandler()]
     try:
         with (
             inductor.patch(fx_graph_cache=False),
@@ -122,8 +122,8 @@ def counting() -> Iterator[None]:
         ):
             yield
     finally:
-        quiet.handlers = handlers
-        torch._logging.set_logs()
+        log.setLevel(saved[0])
+        log.propagate, log.handlers = saved[1], saved[2]
 
 
 def _origins(node) -> str:
