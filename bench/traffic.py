@@ -1,17 +1,17 @@
 """How many bytes the compiled train step's generated kernels move, by model path, from
-inductor's own estimate: which BatchNorm passes a fusion removed, and how close a path is to the
-least traffic its decomposition allows. ``kernel_split.py`` says where a step's GPU *time* goes;
-this says where its *memory traffic* goes, without a GPU.
+inductor's own estimate: which BatchNorm passes a fusion removed, and which kernels move the
+most. ``kernel_split.py`` says where a step's GPU *time* goes; this says where its *memory
+traffic* goes, without a GPU.
 
 Usage: python bench/traffic.py [--arch resnet50] [--paths plain,fused,fold] [--size 64] [--top 8]
 
 Each path's forward and backward (cross-entropy loss, no optimizer) is compiled by inductor for
-this machine's device, in fp32, and every kernel inductor generates (its Triton or C++ kernels,
-not the convolutions and matmuls it calls) is counted with inductor's estimate of the bytes it
-reads and writes (``GraphLowering.count_bytes``: each buffer once per kernel, the best case).
-Totals are in **passes**: one pass reads or writes every BatchNorm output of the model once.
-The image size and batch change the bytes, not the passes (up to rounding at small sizes); in
-fp16 or bf16 every activation's bytes halve, so the passes stay. Paths:
+``--device`` (the CPU by default), in fp32, and every kernel inductor generates (its Triton or
+C++ kernels, not the convolutions and matmuls it calls) is counted with inductor's estimate of
+the bytes it reads and writes (``GraphLowering.count_bytes``: each buffer once per kernel, the
+best case). Totals are in **passes**: one pass reads or writes every BatchNorm output of the
+model once. The image size and batch change the bytes, not the passes (up to rounding at small
+sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Paths:
 
 - ``plain``: torchvision's ResNet (BatchNorm2d, ReLU), as ``--arch`` builds it;
 - ``fused``: ``FusedResNet`` (``--fused-bn``): each BN's statistics summed by the convolution
