@@ -3,7 +3,7 @@ with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
 auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
-convolutions. A
+convolutions, and with its ReLU gradient masked by the normalise pass's output or input. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -79,22 +79,37 @@ def test_step_path_tuned(benchmark, path):
 FOLDS = {"none (the default)": (), "3x3": (3,), "all": (1, 3)}
 
 
+def time_fused_variant(benchmark, monkeypatch, **options) -> None:
+    """The fp16 --fused-bn step at batch 256 with ``FusedResNet(**options)`` as the model that
+    ``build_model`` constructs, and its peak memory."""
+    import fasttrain.fused_resnet as fused_resnet
+
+    class Variant(fused_resnet.FusedResNet):
+        def __init__(self, arch: str, **kwargs):
+            super().__init__(arch, **options, **kwargs)
+
+    monkeypatch.setattr(fused_resnet, "FusedResNet", Variant)
+    torch.cuda.reset_peak_memory_stats()
+    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True)
+    time_step(benchmark, one, step, BATCH)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
 @pytest.mark.benchmark(group="fused-bn prologue")
 @pytest.mark.parametrize("fold", list(FOLDS))
 def test_fused_bn_fold(benchmark, fold, monkeypatch):
     """The fp16 --fused-bn step at batch 256 with the prologue folded into none, the 3x3 or all
     of the convolutions: what the default (none) was chosen by."""
-    import fasttrain.fused_resnet as fused_resnet
+    time_fused_variant(benchmark, monkeypatch, fold=FOLDS[fold])
 
-    class Folded(fused_resnet.FusedResNet):
-        def __init__(self, arch: str, **kwargs):
-            super().__init__(arch, fold=FOLDS[fold], **kwargs)
 
-    monkeypatch.setattr(fused_resnet, "FusedResNet", Folded)  # what build_model constructs
-    torch.cuda.reset_peak_memory_stats()
-    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True)
-    time_step(benchmark, one, step, BATCH)
-    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+@pytest.mark.benchmark(group="fused-bn ReLU mask")
+@pytest.mark.parametrize("mask", ["output (the default)", "input"])
+def test_fused_bn_relu_mask(benchmark, mask, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 with each normalise pass's ReLU gradient masked by
+    the pass's output (torch.relu) or by its input (``FusedResNet(mask_from_input=True)``,
+    about half a pass over every BN output less in ``bench/traffic.py``'s count)."""
+    time_fused_variant(benchmark, monkeypatch, mask_from_input=mask == "input")
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

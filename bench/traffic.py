@@ -17,7 +17,9 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
 - ``fused``: ``FusedResNet`` (``--fused-bn``): each BN's statistics summed by the convolution
   before it, its normalise + ReLU one elementwise pass;
 - ``fold``: ``FusedResNet(fold=ALL)``: the normalise + ReLU applied as the next convolution reads
-  its input (the backward then recomputes it for the weight gradient).
+  its input (the backward then recomputes it for the weight gradient);
+- ``mask``: ``FusedResNet(mask_from_input=True)``: ``fused`` with each normalise pass's ReLU
+  gradient masked by the pass's input rather than its output (``conv_bn.affine_relu``).
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused", "fold")
+PATHS = ("plain", "fused", "fold", "mask")
 
 
 @dataclass
@@ -57,7 +59,7 @@ def build(arch: str, path: str) -> nn.Module:
     torch.manual_seed(0)
     if path == "plain":
         return getattr(torchvision.models, arch)()
-    return FusedResNet(arch, fold=ALL if path == "fold" else ())
+    return FusedResNet(arch, fold=ALL if path == "fold" else (), mask_from_input=path == "mask")
 
 
 def bn_elements(arch: str, x: torch.Tensor) -> int:

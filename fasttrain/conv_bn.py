@@ -137,10 +137,19 @@ def backward(
             None,
             None,
         )
-    wide = x.to(acc)
-    gz = ga.to(acc) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
+    gx, gscale, gbias = _prologue_backward(ga, x, scale, bias)
+    return (gx if input_grad else None), gw, gscale, gbias
+
+
+def _prologue_backward(
+    ga: Tensor, x: Tensor, scale: Tensor, bias: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``relu(x * scale + bias)`` for (x, scale, bias) from its output's ``ga``,
+    the ReLU masked by the pre-activation recomputed from ``x``."""
+    wide = x.to(_acc(x))
+    gz = ga.to(wide.dtype) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
     gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=memory_format_of(x))
-    return (gx if input_grad else None), gw, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
+    return gx, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -205,6 +214,48 @@ def update_running_stats(
         bn.running_mean.mul_(1 - factor).add_(factor * mean.detach())
         unbiased = var.detach() * (count / max(count - 1, 1))
         bn.running_var.mul_(1 - factor).add_(factor * unbiased)
+
+
+@torch.library.custom_op("fasttrain::kept", mutates_args=())
+def kept(scale: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Copies of a BN's per-channel scale and bias that the compiled backward reads as saved
+    tensors: AOTAutograd's partitioner recomputes ordinary per-channel arithmetic in the
+    backward instead of saving it, but never a custom op's output (``affine_relu``)."""
+    return scale.clone(), bias.clone()
+
+
+@kept.register_fake
+def _(scale, bias):
+    return torch.empty_like(scale), torch.empty_like(bias)
+
+
+kept.register_autograd(lambda ctx, g_scale, g_bias: (g_scale, g_bias))
+
+
+class _AffineReLU(torch.autograd.Function):
+    """``relu(y * scale + bias)`` whose backward masks by the pre-activation recomputed from
+    ``y`` (kept for ``conv_bn``'s backward anyway) instead of reading the output."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(y, scale, bias)
+        return _prologue(y, scale, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return _prologue_backward(grad, *ctx.saved_tensors)
+
+
+def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``relu(y * scale + bias)`` per channel, as ``torch.relu(affine(...))`` computes it, with a
+    backward that reads one activation fewer: torch.relu's backward masks by reading the ReLU's
+    output; this one recomputes the mask from ``y``, which the BN's two backward kernels (its
+    sums, its input gradient) read anyway. That holds only while the masked gradient is
+    recomputed inside both kernels: inductor stores a reused expression that reads more than
+    four tensors as a buffer of its own (more traffic, not less), so the scale and bias are
+    read as two saved tensors (``kept``) rather than rebuilt from the BN's statistics there.
+    ``bench/traffic.py`` counts the difference."""
+    return _AffineReLU.apply(y, *kept(scale, bias))
 
 
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:

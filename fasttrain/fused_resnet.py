@@ -24,13 +24,14 @@ declines, and inductor fuses its BN and ReLU as in the plain model.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import torch
 import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from fasttrain.conv_bn import affine, bn_finalize, conv_bn
+from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn
 
 BLOCKS = {
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
@@ -52,16 +53,33 @@ FOLD = frozenset()
 Prologue = tuple[Tensor, Tensor]  # a BN's per-channel scale and bias, from ``bn_finalize``
 
 
+@dataclass(frozen=True)
+class Fusion:
+    """How a BN before a convolution is applied: folded into the convolutions whose kernel
+    sizes are in ``fold``, else as an elementwise pass whose ReLU backward masks by its own
+    output (``torch.relu``) or, with ``mask_from_input``, by the convolution output it read
+    (``affine_relu``: one read fewer in each of the BN's two backward kernels)."""
+
+    fold: frozenset[int] = FOLD
+    mask_from_input: bool = False
+
+
 def _conv(
-    x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, fold: frozenset[int] = FOLD
+    x: Tensor, conv: nn.Conv2d, prologue: Prologue | None = None, how: Fusion = Fusion()
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``conv(relu(prologue(x)))`` and its output's sums. The prologue is folded into the
-    convolution where its kernel size is in ``fold``, else applied as an elementwise pass first,
-    which inductor fuses with its neighbours."""
+    convolution where its kernel size is in ``how.fold``, else applied as an elementwise pass
+    first, which inductor fuses with its neighbours."""
     scale, bias = prologue if prologue is not None else (None, None)
-    if prologue is not None and conv.kernel_size[0] not in fold:
-        x, scale, bias = torch.relu(affine(x, *prologue)), None, None
+    if prologue is not None and conv.kernel_size[0] not in how.fold:
+        relu = affine_relu if how.mask_from_input else _relu_of_affine
+        x, scale, bias = relu(x, *prologue), None, None
     return conv_bn(x, conv.weight, scale, bias, conv.stride[0], conv.padding[0])
+
+
+def _relu_of_affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``affine_relu``'s forward, with torch.relu's backward (it masks by reading the output)."""
+    return torch.relu(affine(y, scale, bias))
 
 
 def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> Prologue:
@@ -77,16 +95,16 @@ def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
     return affine(d, *_bn(d, total, total_sq, bn))
 
 
-def _bottleneck(block: Bottleneck, x: Tensor, fold: frozenset[int]) -> Tensor:
+def _bottleneck(block: Bottleneck, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), fold)
-    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), fold)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
+    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), how)
     return torch.relu(affine(a3, *_bn(a3, t3, q3, block.bn3)) + _identity(block, x))
 
 
-def _basic(block: BasicBlock, x: Tensor, fold: frozenset[int]) -> Tensor:
+def _basic(block: BasicBlock, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), fold)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
     return torch.relu(affine(a2, *_bn(a2, t2, q2, block.bn2)) + _identity(block, x))
 
 
@@ -94,17 +112,21 @@ class FusedResNet(torchvision.models.ResNet):
     """A torchvision ResNet whose forward folds each BatchNorm into the convolutions around it
     (module notes). ``arch`` is one of ``BLOCKS``; ``fold`` the kernel sizes of the convolutions
     that apply the previous BN and ReLU as they read (``FOLD``: none by default; ``ALL`` saves
-    memory); the others read it from an elementwise pass. The rest is ``ResNet``'s arguments."""
+    memory); the others read it from an elementwise pass, whose ReLU backward masks by the
+    convolution output with ``mask_from_input`` (``Fusion``). The rest is ``ResNet``'s
+    arguments."""
 
-    def __init__(self, arch: str, fold: Collection[int] = FOLD, **kwargs):
+    def __init__(
+        self, arch: str, fold: Collection[int] = FOLD, mask_from_input: bool = False, **kwargs
+    ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
-        self.fold = frozenset(fold)
+        self.fusion = Fusion(frozenset(fold), mask_from_input)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
-                x = self.run_block(block, x, self.fold)
+                x = self.run_block(block, x, self.fusion)
         return self.fc(torch.flatten(self.avgpool(x), 1))

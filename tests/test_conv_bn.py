@@ -9,7 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
-from fasttrain.conv_bn import affine, bn_finalize, conv_bn
+from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn
 from fasttrain.fused_resnet import FusedResNet
 from tests.conftest import assert_matches_torchvision
 
@@ -108,15 +108,44 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
     torch.testing.assert_close(_fused_chain(*fused, x), _reference_chain(*ref, x))
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled):
+    """affine_relu masks its gradient by the pre-activation it recomputes, torch.relu by its
+    output: the same values and gradients (no pre-activation here is exactly zero), negative
+    scales included; compiled into one graph (the kept scale and bias included), the same."""
+    y = _x(4, 6, 5, 5).requires_grad_()
+    scale = torch.linspace(-1.5, 2.0, 6, dtype=torch.float64).requires_grad_()
+    bias = torch.linspace(-0.4, 0.6, 6, dtype=torch.float64).requires_grad_()
+    g = _x(4, 6, 5, 5, seed=3)
+    fn = torch.compile(affine_relu, fullgraph=True) if compiled else affine_relu
+    out, ref = fn(y, scale, bias), torch.relu(affine(y, scale, bias))
+    torch.testing.assert_close(out, ref)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    grads = torch.autograd.grad((out * g).sum(), (y, scale, bias))
+    ref_grads = torch.autograd.grad((ref * g).sum(), (y, scale, bias))
+    assert grads[0].is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize(
-    "arch, fold",
-    [("resnet18", {1, 3}), ("resnet50", {1, 3}), ("resnet50", {3}), ("resnet50", ())],
+    "arch, fold, mask_from_input",
+    [
+        ("resnet18", {1, 3}, False),
+        ("resnet50", {1, 3}, False),
+        ("resnet50", {3}, False),
+        ("resnet50", (), False),
+        ("resnet18", (), True),
+        ("resnet50", (), True),
+    ],
 )
-def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch, fold):
+def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch, fold, mask_from_input):
     """The same weights, state dict, logits, gradients and running statistics as torchvision's
     ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
-    elementwise pass each)."""
-    assert_matches_torchvision(arch, lambda arch, **kw: FusedResNet(arch, fold=fold, **kw))
+    elementwise pass each, its ReLU's gradient masked by its output or by its input)."""
+    assert_matches_torchvision(
+        arch, lambda arch, **kw: FusedResNet(arch, fold=fold, mask_from_input=mask_from_input, **kw)
+    )
 
 
 def test_a_fused_checkpoint_loads_into_torchvision_and_back():
@@ -133,8 +162,10 @@ def test_a_fused_checkpoint_loads_into_torchvision_and_back():
     torch.testing.assert_close(again(x), plain(x), rtol=1e-4, atol=1e-4)
 
 
-def test_the_fused_forward_traces_without_graph_breaks():
-    model = FusedResNet("resnet18", num_classes=4).to(memory_format=torch.channels_last)
+@pytest.mark.parametrize("mask_from_input", [False, True])
+def test_the_fused_forward_traces_without_graph_breaks(mask_from_input):
+    model = FusedResNet("resnet18", num_classes=4, mask_from_input=mask_from_input)
+    model = model.to(memory_format=torch.channels_last)
     explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 

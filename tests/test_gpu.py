@@ -1,6 +1,7 @@
 """GPU-only checks (skipped without CUDA): the graphed and compiled steps against eager, host
 syncs in the steady state, capture fallback, and graphed eval."""
 
+import functools
 import itertools
 import logging
 
@@ -341,22 +342,28 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
         "compiled+graph+triton-maxpool",
         "compiled+graph+recipe",
         "compiled+graph+fused-bn",
+        "compiled+graph+fused-bn-mask",
         "compiled+graph+cudnn-bn",
     ],
 )
-def test_steady_state_steps_do_not_sync(kind):
+def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
-    clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16) and on
-    cuDNN's BN kernels (bf16)."""
+    clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
+    its ReLU gradients masked by their input) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
         base += "+graph"
-    if extra in ("fused-bn", "cudnn-bn"):
+    if extra in ("fused-bn", "fused-bn-mask", "cudnn-bn"):
         pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
+    if extra == "fused-bn-mask":  # what build_model constructs for fused_bn
+        import fasttrain.fused_resnet as fused_resnet
+
+        masked = functools.partial(fused_resnet.FusedResNet, mask_from_input=True)
+        monkeypatch.setattr(fused_resnet, "FusedResNet", masked)
     recipe = extra == "recipe"
-    fp16 = recipe or extra == "fused-bn"
+    fp16 = recipe or extra.startswith("fused-bn")
     _model, step = make(
         base,
         amp=torch.float16 if fp16 else torch.bfloat16,
@@ -365,7 +372,7 @@ def test_steady_state_steps_do_not_sync(kind):
         clip=1.0 if recipe else None,
         ema=recipe,
         mix=recipe,
-        fused_bn=extra == "fused-bn",
+        fused_bn=extra.startswith("fused-bn"),
         cudnn_bn=extra == "cudnn-bn",
     )
     data = batches(4, dtype=torch.float16 if fp16 else torch.bfloat16)
