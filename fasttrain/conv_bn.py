@@ -10,6 +10,8 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
   taken as it is.
 - ``bn_finalize`` turns those sums into the next prologue's scale and bias, and updates the
   running statistics exactly as ``nn.BatchNorm2d`` does (momentum, unbiased running variance).
+- ``affine_relu`` applies a BN's normalise + ReLU as an elementwise pass (where it is not
+  folded), with a backward that masks by the pass's input rather than its output.
 
 ``conv_bn`` is a custom op (``fasttrain::conv_bn``) with a fake implementation, so
 ``torch.compile`` traces through it and a CUDA graph captures it. Its kernel is the plain-PyTorch
@@ -220,7 +222,8 @@ def update_running_stats(
 def kept(scale: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     """Copies of a BN's per-channel scale and bias that the compiled backward reads as saved
     tensors: AOTAutograd's partitioner recomputes ordinary per-channel arithmetic in the
-    backward instead of saving it, but never a custom op's output (``affine_relu``)."""
+    backward instead of saving it, but not a custom op's output, which is not on its list of
+    recomputable ops (``affine_relu``)."""
     return scale.clone(), bias.clone()
 
 
