@@ -439,27 +439,37 @@ def test_ddp_only_settings_without_ddp_are_named_in_a_note():
     assert e.value.code == 2
 
 
-def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
+def _check_bn_path(monkeypatch, flag, amp, refusals, missing_frontend):
+    """A cuDNN BN path on a GPU: its default ``amp``, fp16 taken, each of ``refusals`` (extra
+    flags: message) refused, the frontend's absence named; on the CPU the reference runs, with
+    a note."""
     from fasttrain import cudnn_graph
 
     monkeypatch.setattr(cudnn_graph, "available", lambda: True)
-    cfg = resolved(["--data", "/d", "--fused-bn"])
-    assert cfg.model.fused_bn and cfg.train.amp == "fp16"
-    assert resolved(["--data", "/d", "--fused-bn", "--amp", "fp16"]).train.amp == "fp16"
+    cfg = resolved(["--data", "/d", flag])
+    assert cfg.model.fused_bn == (flag == "--fused-bn") and cfg.train.amp == amp
+    assert cfg.model.cudnn_bn == (flag == "--cudnn-bn")
+    assert resolved(["--data", "/d", flag, "--amp", "fp16"]).train.amp == "fp16"
+    for extra, message in refusals.items():
+        with pytest.raises(UserError, match=message):
+            resolved(["--data", "/d", flag, *extra], world=2 if "--sync-bn" in extra else 1)
+    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
+    with pytest.raises(UserError, match=missing_frontend):
+        resolved(["--data", "/d", flag])
+    notes = []
+    cfg = resolved(["--data", "/d", flag], cuda=False, notes=notes)
+    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
+
+
+def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
     refusals = {
         ("--amp", "bf16"): "--fused-bn trains in fp16 .* not --amp bf16",
         ("--sync-bn",): "cannot synchronise them: leave out --sync-bn or --fused-bn",
         ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
     }
-    for extra, message in refusals.items():
-        with pytest.raises(UserError, match=message):
-            resolved(["--data", "/d", "--fused-bn", *extra], world=2 if "--sync-bn" in extra else 1)
-    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
-    with pytest.raises(UserError, match="pip install --no-deps nvidia-cudnn-frontend"):
-        resolved(["--data", "/d", "--fused-bn"])
-    notes = []
-    cfg = resolved(["--data", "/d", "--fused-bn"], cuda=False, notes=notes)
-    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
+    _check_bn_path(
+        monkeypatch, "--fused-bn", "fp16", refusals, "pip install --no-deps nvidia-cudnn-frontend"
+    )
 
 
 def test_dali_and_torch_cuda_versions_are_checked_against_each_other():
@@ -513,12 +523,6 @@ def test_lr_scaling_reads_lr_per_256_images_or_as_the_rate_itself(scaling, peak)
 
 
 def test_cudnn_bn_runs_in_bf16_or_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
-    from fasttrain import cudnn_graph
-
-    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
-    cfg = resolved(["--data", "/d", "--cudnn-bn"])
-    assert cfg.model.cudnn_bn and cfg.train.amp == "bf16"
-    assert resolved(["--data", "/d", "--cudnn-bn", "--amp", "fp16"]).train.amp == "fp16"
     refusals = {
         ("--amp", "off"): "bf16 or fp16: use --amp bf16 or fp16 .* not --amp off",
         ("--fused-bn",): "two ways to run BatchNorm: choose one of them",
@@ -526,15 +530,9 @@ def test_cudnn_bn_runs_in_bf16_or_fp16_on_a_gpu_and_refuses_what_it_cannot_run(m
         ("--deterministic",): "no fixed order .* leave out --deterministic or --cudnn-bn",
         ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
     }
-    for extra, message in refusals.items():
-        with pytest.raises(UserError, match=message):
-            resolved(["--data", "/d", "--cudnn-bn", *extra], world=2 if "--sync-bn" in extra else 1)
-    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
-    with pytest.raises(UserError, match="--cudnn-bn needs the cuDNN frontend"):
-        resolved(["--data", "/d", "--cudnn-bn"])
-    notes = []
-    cfg = resolved(["--data", "/d", "--cudnn-bn"], cuda=False, notes=notes)
-    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
+    _check_bn_path(
+        monkeypatch, "--cudnn-bn", "bf16", refusals, "--cudnn-bn needs the cuDNN frontend"
+    )
 
 
 def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
