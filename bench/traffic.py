@@ -3,7 +3,8 @@ inductor's own estimate: which BatchNorm passes a fusion removed, and which kern
 most. ``kernel_split.py`` says where a step's GPU *time* goes; this says where its *memory
 traffic* goes, without a GPU.
 
-Usage: python bench/traffic.py [--arch resnet50] [--paths plain,fused,fold] [--size 64] [--top 8]
+Usage: python bench/traffic.py [--arch resnet50] [--paths plain,fused,fold] [--size 64]
+                                [--top 8]
 
 Each path's forward and backward (cross-entropy loss, no optimizer) is compiled by inductor for
 ``--device`` (the CPU by default), in fp32, and every kernel inductor generates (its Triton or
@@ -15,11 +16,12 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
 
 - ``plain``: torchvision's ResNet (BatchNorm2d, ReLU), as ``--arch`` builds it;
 - ``fused``: ``FusedResNet`` (``--fused-bn``): each BN's statistics summed by the convolution
-  before it, its normalise + ReLU one elementwise pass;
+  before it, its normalise + ReLU one elementwise pass, whose ReLU gradient is masked by the
+  pass's input (``conv_bn.affine_relu``);
+- ``fused-relu``: ``FusedResNet(mask_from_input=False)``: ``fused`` with that gradient masked by
+  the pass's output (``torch.relu``), as a plain ReLU does;
 - ``fold``: ``FusedResNet(fold=ALL)``: the normalise + ReLU applied as the next convolution reads
-  its input (the backward then recomputes it for the weight gradient);
-- ``mask``: ``FusedResNet(mask_from_input=True)``: ``fused`` with each normalise pass's ReLU
-  gradient masked by the pass's input rather than its output (``conv_bn.affine_relu``).
+  its input (the backward then recomputes it for the weight gradient).
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused", "fold", "mask")
+PATHS = ("plain", "fused-relu", "fused", "fold")
 
 
 @dataclass
@@ -59,7 +61,9 @@ def build(arch: str, path: str) -> nn.Module:
     torch.manual_seed(0)
     if path == "plain":
         return getattr(torchvision.models, arch)()
-    return FusedResNet(arch, fold=ALL if path == "fold" else (), mask_from_input=path == "mask")
+    return FusedResNet(
+        arch, fold=ALL if path == "fold" else (), mask_from_input=path != "fused-relu"
+    )
 
 
 def bn_elements(arch: str, x: torch.Tensor) -> int:
