@@ -3,7 +3,8 @@ with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
 auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
-convolutions, and with its ReLU gradient masked by the normalise pass's input or output. A
+convolutions, with its ReLU gradient masked by the normalise pass's input or output, and with
+each block end's masked gradient recomputed or stored. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -111,6 +112,16 @@ def test_fused_bn_relu_mask(benchmark, mask, monkeypatch):
     ``FusedResNet(mask_from_input=False)``): about half a pass over every BN output apart in
     ``bench/traffic.py``'s count, what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, mask_from_input=mask.startswith("input"))
+
+
+@pytest.mark.benchmark(group="fused-bn block-end gradient")
+@pytest.mark.parametrize("block_grad", ["recomputed (the default)", "stored"])
+def test_fused_bn_store_block_grad(benchmark, block_grad, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 with each block end's masked gradient recomputed
+    by each of its readers, as inductor chooses, or stored once
+    (``FusedResNet(store_block_grad=True)``: 0.4 of a pass over every BN output less in
+    ``bench/traffic.py``'s count)."""
+    time_fused_variant(benchmark, monkeypatch, store_block_grad=block_grad == "stored")
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

@@ -21,7 +21,9 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
 - ``fused-relu``: ``FusedResNet(mask_from_input=False)``: ``fused`` with that gradient masked by
   the pass's output (``torch.relu``), as a plain ReLU does;
 - ``fold``: ``FusedResNet(fold=ALL)``: the normalise + ReLU applied as the next convolution reads
-  its input (the backward then recomputes it for the weight gradient).
+  its input (the backward then recomputes it for the weight gradient);
+- ``stored``: ``FusedResNet(store_block_grad=True)``: ``fused`` with each block end's masked
+  gradient stored once for its readers (``conv_bn.residual_relu``).
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused-relu", "fused", "fold")
+PATHS = ("plain", "fused-relu", "fused", "fold", "stored")
 
 
 @dataclass
@@ -62,7 +64,10 @@ def build(arch: str, path: str) -> nn.Module:
     if path == "plain":
         return getattr(torchvision.models, arch)()
     return FusedResNet(
-        arch, fold=ALL if path == "fold" else (), mask_from_input=path != "fused-relu"
+        arch,
+        fold=ALL if path == "fold" else (),
+        mask_from_input=path != "fused-relu",
+        store_block_grad=path == "stored",
     )
 
 

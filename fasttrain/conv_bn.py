@@ -12,6 +12,8 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
   running statistics exactly as ``nn.BatchNorm2d`` does (momentum, unbiased running variance).
 - ``affine_relu`` applies a BN's normalise + ReLU as an elementwise pass (where it is not
   folded), with a backward that masks by the pass's input rather than its output.
+- ``residual_relu`` ends a residual block (normalise, add, ReLU) with a backward whose masked
+  gradient is stored once rather than recomputed by each of its readers.
 
 ``conv_bn`` is a custom op (``fasttrain::conv_bn``) with a fake implementation, so
 ``torch.compile`` traces through it and a CUDA graph captures it. Its kernel is the plain-PyTorch
@@ -259,6 +261,48 @@ def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     read as two saved tensors (``kept``) rather than rebuilt from the BN's statistics there.
     ``bench/traffic.py`` counts the difference."""
     return _AffineReLU.apply(y, *kept(scale, bias))
+
+
+def stored(t: Tensor) -> Tensor:
+    """``t``, which inductor writes to a buffer of its own where it is computed, rather than
+    recomputing it inside every kernel that reads it (its rule for an expression of at most
+    four inputs): no copy (``prims.inductor_force_stride_order`` with ``t``'s own strides,
+    inductor's own hint); outside a compiled graph, ``t`` itself (the prim's eager form would
+    copy it)."""
+    if not torch.compiler.is_compiling():
+        return t
+    from torch._inductor import inductor_prims
+
+    return inductor_prims.force_stride_order(t, t.stride())
+
+
+class _ResidualReLU(torch.autograd.Function):
+    """``relu(affine(y, scale, bias) + identity)`` whose backward stores the masked gradient
+    once (``stored``) for its three readers: the BN's sums, its input gradient, and the block
+    input's gradient (the identity)."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> Tensor:
+        out = torch.relu(affine(y, scale, bias) + identity)
+        ctx.save_for_backward(y, scale, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        y, scale, out = ctx.saved_tensors
+        masked = stored(torch.where(out > 0, grad, 0))
+        wide = masked.to(scale.dtype)
+        gy = (wide * _per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
+        return gy, (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3)), masked
+
+
+def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> Tensor:
+    """A residual block's end, ``relu(affine(y, scale, bias) + identity)``, as torch.relu and
+    ``affine`` compute it, with the same gradients. The masked gradient has three readers; as an
+    expression of three activations (the ReLU's output and the gradient's two parts, the next
+    block's dgrad and identity) inductor would recompute it inside each of them, three reads
+    where one stored buffer costs a write and a read. ``stored`` makes it that buffer."""
+    return _ResidualReLU.apply(y, scale, bias, identity)
 
 
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:

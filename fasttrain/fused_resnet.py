@@ -33,7 +33,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn
+from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu
 
 BLOCKS = {
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
@@ -61,10 +61,13 @@ class Fusion:
     sizes are in ``fold``, else as an elementwise pass whose ReLU backward masks by the
     convolution output it read (``mask_from_input``, the default: ``affine_relu``, one read
     fewer in each of the BN's two backward kernels, 2-3% faster steps) or by its own output
-    (``torch.relu``, the simple reference)."""
+    (``torch.relu``, the simple reference). With ``store_block_grad``, each block's end stores
+    its masked gradient once for its three readers (``residual_relu``) instead of leaving
+    inductor to recompute it in each."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
+    store_block_grad: bool = False
 
 
 def _conv(
@@ -98,17 +101,24 @@ def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
     return affine(d, *_bn(d, total, total_sq, bn))
 
 
+def _end(y: Tensor, prologue: Prologue, identity: Tensor, how: Fusion) -> Tensor:
+    """A block's end: its last BN's normalise, the residual add and the ReLU, one pass."""
+    if how.store_block_grad:
+        return residual_relu(y, *prologue, identity)
+    return torch.relu(affine(y, *prologue) + identity)
+
+
 def _bottleneck(block: Bottleneck, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
     a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
     a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), how)
-    return torch.relu(affine(a3, *_bn(a3, t3, q3, block.bn3)) + _identity(block, x))
+    return _end(a3, _bn(a3, t3, q3, block.bn3), _identity(block, x), how)
 
 
 def _basic(block: BasicBlock, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
     a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
-    return torch.relu(affine(a2, *_bn(a2, t2, q2, block.bn2)) + _identity(block, x))
+    return _end(a2, _bn(a2, t2, q2, block.bn2), _identity(block, x), how)
 
 
 class FusedResNet(torchvision.models.ResNet):
@@ -116,16 +126,22 @@ class FusedResNet(torchvision.models.ResNet):
     (module notes). ``arch`` is one of ``BLOCKS``; ``fold`` the kernel sizes of the convolutions
     that apply the previous BN and ReLU as they read (``FOLD``: none by default; ``ALL`` saves
     memory); the others read it from an elementwise pass, whose ReLU backward masks by the
-    convolution output (``mask_from_input``, the default) or by the pass's output
-    (``Fusion``). The rest is ``ResNet``'s arguments."""
+    convolution output (``mask_from_input``, the default) or by the pass's output;
+    ``store_block_grad`` stores each block end's masked gradient once (``Fusion``). The rest is
+    ``ResNet``'s arguments."""
 
     def __init__(
-        self, arch: str, fold: Collection[int] = FOLD, mask_from_input: bool = True, **kwargs
+        self,
+        arch: str,
+        fold: Collection[int] = FOLD,
+        mask_from_input: bool = True,
+        store_block_grad: bool = False,
+        **kwargs,
     ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
-        self.fusion = Fusion(frozenset(fold), mask_from_input)
+        self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))

@@ -9,7 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
-from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn
+from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, stored
 from fasttrain.fused_resnet import FusedResNet
 from tests.conftest import assert_matches_torchvision
 
@@ -128,23 +128,64 @@ def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_residual_relu_is_relu_of_affine_plus_identity_forward_and_backward(compiled):
+    """residual_relu stores its masked gradient (a no-op outside a compiled graph): the values
+    and gradients of torch.relu(affine(...) + identity) for all four inputs, negative scales
+    included, channels_last kept; compiled into one graph, the same."""
+    y = _x(4, 6, 5, 5).requires_grad_()
+    identity = _x(4, 6, 5, 5, seed=1).requires_grad_()
+    scale = torch.linspace(-1.5, 2.0, 6, dtype=torch.float64).requires_grad_()
+    bias = torch.linspace(-0.4, 0.6, 6, dtype=torch.float64).requires_grad_()
+    g = _x(4, 6, 5, 5, seed=3)
+    fn = torch.compile(residual_relu, fullgraph=True) if compiled else residual_relu
+    out, ref = fn(y, scale, bias, identity), torch.relu(affine(y, scale, bias) + identity)
+    torch.testing.assert_close(out, ref)
+    inputs = (y, scale, bias, identity)
+    grads = torch.autograd.grad((out * g).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref * g).sum(), inputs)
+    assert grads[0].is_contiguous(memory_format=torch.channels_last)
+    assert grads[3].is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_stored_is_the_tensor_itself_outside_a_compiled_graph():
+    """``stored`` relies on inductor's stride prim: if a torch release drops or changes it, this
+    fails rather than the compiled step."""
+    t = _x(2, 4, 3, 3)
+    assert stored(t) is t
+
+
 @pytest.mark.parametrize(
-    "arch, fold, mask_from_input",
+    "arch, fold, mask_from_input, store_block_grad",
     [
-        ("resnet18", {1, 3}, False),
-        ("resnet50", {1, 3}, False),
-        ("resnet50", {3}, False),
-        ("resnet50", (), False),
-        ("resnet18", (), True),
-        ("resnet50", (), True),
+        ("resnet18", {1, 3}, False, False),
+        ("resnet50", {1, 3}, False, False),
+        ("resnet50", {3}, False, False),
+        ("resnet50", (), False, False),
+        ("resnet18", (), True, False),
+        ("resnet50", (), True, False),
+        ("resnet18", (), True, True),
+        ("resnet50", (), True, True),
     ],
 )
-def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(arch, fold, mask_from_input):
+def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
+    arch, fold, mask_from_input, store_block_grad
+):
     """The same weights, state dict, logits, gradients and running statistics as torchvision's
     ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
-    elementwise pass each, its ReLU's gradient masked by its output or by its input)."""
+    elementwise pass each, its ReLU's gradient masked by its output or by its input), and with
+    each block end's masked gradient stored once."""
     assert_matches_torchvision(
-        arch, lambda arch, **kw: FusedResNet(arch, fold=fold, mask_from_input=mask_from_input, **kw)
+        arch,
+        lambda arch, **kw: FusedResNet(
+            arch,
+            fold=fold,
+            mask_from_input=mask_from_input,
+            store_block_grad=store_block_grad,
+            **kw,
+        ),
     )
 
 
@@ -162,9 +203,16 @@ def test_a_fused_checkpoint_loads_into_torchvision_and_back():
     torch.testing.assert_close(again(x), plain(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mask_from_input", [False, True])
-def test_the_fused_forward_traces_without_graph_breaks(mask_from_input):
-    model = FusedResNet("resnet18", num_classes=4, mask_from_input=mask_from_input)
+@pytest.mark.parametrize(
+    "mask_from_input, store_block_grad", [(False, False), (True, False), (True, True)]
+)
+def test_the_fused_forward_traces_without_graph_breaks(mask_from_input, store_block_grad):
+    model = FusedResNet(
+        "resnet18",
+        num_classes=4,
+        mask_from_input=mask_from_input,
+        store_block_grad=store_block_grad,
+    )
     model = model.to(memory_format=torch.channels_last)
     explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))
     assert explained.graph_break_count == 0 and explained.graph_count == 1

@@ -331,6 +331,13 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
     assert losses == pytest.approx(train(ref_step, data), rel=2e-2)
 
 
+# the fused path's variants by FusedResNet's options
+FUSED_VARIANTS = {
+    "fused-bn-torch-relu": {"mask_from_input": False},
+    "fused-bn-stored": {"store_block_grad": True},
+}
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -343,6 +350,7 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
         "compiled+graph+recipe",
         "compiled+graph+fused-bn",
         "compiled+graph+fused-bn-torch-relu",
+        "compiled+graph+fused-bn-stored",
         "compiled+graph+cudnn-bn",
     ],
 )
@@ -350,18 +358,19 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
-    its ReLU gradients masked by torch.relu's output) and on cuDNN's BN kernels (bf16)."""
+    its ReLU gradients masked by torch.relu's output, and with its block ends' gradients
+    stored) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
         base += "+graph"
-    if extra in ("fused-bn", "fused-bn-torch-relu", "cudnn-bn"):
+    if extra in ("fused-bn", "fused-bn-torch-relu", "fused-bn-stored", "cudnn-bn"):
         pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
-    if extra == "fused-bn-torch-relu":  # what build_model constructs for fused_bn
+    if extra in FUSED_VARIANTS:  # FusedResNet's options, in what build_model constructs
         import fasttrain.fused_resnet as fused_resnet
 
-        reference = functools.partial(fused_resnet.FusedResNet, mask_from_input=False)
-        monkeypatch.setattr(fused_resnet, "FusedResNet", reference)
+        variant = functools.partial(fused_resnet.FusedResNet, **FUSED_VARIANTS[extra])
+        monkeypatch.setattr(fused_resnet, "FusedResNet", variant)
     recipe = extra == "recipe"
     fp16 = recipe or extra.startswith("fused-bn")
     _model, step = make(
