@@ -269,7 +269,9 @@ def stored(t: Tensor) -> Tensor:
     four inputs): no copy (``prims.inductor_force_stride_order`` with ``t``'s own strides,
     inductor's own hint); outside a compiled graph, ``t`` itself (the prim's eager form would
     copy it)."""
-    if not torch.compiler.is_compiling():
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not (torch.compiler.is_compiling() or is_fake(t)):  # traced by dynamo or AOTAutograd
         return t
     from torch._inductor import inductor_prims
 
