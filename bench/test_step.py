@@ -4,7 +4,7 @@ precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn`
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
 auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
 convolutions, with its ReLU gradient masked by the normalise pass's input or output, and with
-each block end's masked gradient recomputed or stored. A
+each block end's masked gradient stored and its stem's BN run as the others. A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -114,14 +114,22 @@ def test_fused_bn_relu_mask(benchmark, mask, monkeypatch):
     time_fused_variant(benchmark, monkeypatch, mask_from_input=mask.startswith("input"))
 
 
-@pytest.mark.benchmark(group="fused-bn block-end gradient")
-@pytest.mark.parametrize("block_grad", ["recomputed (the default)", "stored"])
-def test_fused_bn_store_block_grad(benchmark, block_grad, monkeypatch):
-    """The fp16 --fused-bn step at batch 256 with each block end's masked gradient recomputed
-    by each of its readers, as inductor chooses, or stored once
-    (``FusedResNet(store_block_grad=True)``: 0.4 of a pass over every BN output less in
-    ``bench/traffic.py``'s count)."""
-    time_fused_variant(benchmark, monkeypatch, store_block_grad=block_grad == "stored")
+# FusedResNet's options not yet on by default, alone and together
+LEANER = {
+    "the default": {},
+    "store_block_grad": {"store_block_grad": True},
+    "fuse_stem": {"fuse_stem": True},
+    "both": {"store_block_grad": True, "fuse_stem": True},
+}
+
+
+@pytest.mark.benchmark(group="fused-bn block-end gradient and stem")
+@pytest.mark.parametrize("options", list(LEANER))
+def test_fused_bn_leaner_backward(benchmark, options, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 with each block end's masked gradient stored once
+    rather than recomputed by each of its readers (``store_block_grad``), with the stem's BN run
+    as the others (``fuse_stem``), and both: less traffic in ``bench/traffic.py``'s count."""
+    time_fused_variant(benchmark, monkeypatch, **LEANER[options])
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

@@ -23,7 +23,10 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
 - ``fold``: ``FusedResNet(fold=ALL)``: the normalise + ReLU applied as the next convolution reads
   its input (the backward then recomputes it for the weight gradient);
 - ``stored``: ``FusedResNet(store_block_grad=True)``: ``fused`` with each block end's masked
-  gradient stored once for its readers (``conv_bn.residual_relu``).
+  gradient stored once for its readers (``conv_bn.residual_relu``);
+- ``stem``: ``FusedResNet(fuse_stem=True)``: ``fused`` with the stem's BN run as the others
+  (statistics by one reduction, normalise + ReLU masked by its input);
+- ``stored-stem``: both.
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -43,7 +46,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused-relu", "fused", "fold", "stored")
+PATHS = ("plain", "fused-relu", "fused", "fold", "stored", "stem", "stored-stem")
 
 
 @dataclass
@@ -67,7 +70,8 @@ def build(arch: str, path: str) -> nn.Module:
         arch,
         fold=ALL if path == "fold" else (),
         mask_from_input=path != "fused-relu",
-        store_block_grad=path == "stored",
+        store_block_grad=path in ("stored", "stored-stem"),
+        fuse_stem=path in ("stem", "stored-stem"),
     )
 
 

@@ -59,6 +59,13 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def sums(y: Tensor) -> tuple[Tensor, Tensor]:
+    """``y``'s per-channel sum and sum of squares, in fp32 (fp64 for fp64): a BN's statistics as
+    ``bn_finalize`` takes them."""
+    wide = y.to(_acc(y))
+    return wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
+
+
 def reference(
     x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, stride: int, padding: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -66,8 +73,7 @@ def reference(
     a = _prologue(x, scale, bias)
     y = F.conv2d(a, weight.to(x.dtype), stride=stride, padding=padding)
     y = y.contiguous(memory_format=memory_format_of(x))
-    wide = y.to(_acc(x))
-    return y, wide.sum((0, 2, 3)), (wide * wide).sum((0, 2, 3))
+    return y, *sums(y)
 
 
 @torch.library.custom_op("fasttrain::conv_bn", mutates_args=())

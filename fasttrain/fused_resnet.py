@@ -20,7 +20,8 @@ at all; measured in the whole step, that is slower (``FOLD``), but it saves memo
 ends a block (and the downsample's) has no convolution after it inside the block, so it is
 applied with the residual add and the ReLU, in one elementwise pass. The stem runs as
 torchvision's (Conv2d, BatchNorm2d, ReLU): its 3-channel convolution is one cuDNN's fusion
-declines, and inductor fuses its BN and ReLU as in the plain model.
+declines, and inductor fuses its BN and ReLU as in the plain model; ``fuse_stem`` sums its
+statistics in one reduction and applies its normalise + ReLU as the other BNs' pass instead.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu
+from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, sums
 
 BLOCKS = {
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
@@ -63,11 +64,14 @@ class Fusion:
     fewer in each of the BN's two backward kernels, 2-3% faster steps) or by its own output
     (``torch.relu``, the simple reference). With ``store_block_grad``, each block's end stores
     its masked gradient once for its three readers (``residual_relu``) instead of leaving
-    inductor to recompute it in each."""
+    inductor to recompute it in each. With ``fuse_stem``, the stem's BN runs as the others that
+    no convolution sums for: its statistics by one reduction, its normalise + ReLU as the pass
+    above (``stem``)."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
     store_block_grad: bool = False
+    fuse_stem: bool = False
 
 
 def _conv(
@@ -91,6 +95,18 @@ def _relu_of_affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
 def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> Prologue:
     """``bn``'s scale and bias for ``y``, whose sums ``conv_bn`` returned."""
     return bn_finalize(total, total_sq, y.shape[0] * y.shape[2] * y.shape[3], bn)
+
+
+def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
+    """The stem before its max-pool: conv1, bn1 and the ReLU, as torchvision runs them or, with
+    ``how.fuse_stem``, with bn1's statistics summed by one reduction (cuDNN declines to sum them
+    in the 3-channel convolution) and its normalise + ReLU as the other BNs' pass."""
+    if not how.fuse_stem:
+        return model.relu(model.bn1(model.conv1(x)))
+    y = model.conv1(x)
+    prologue = _bn(y, *sums(y), model.bn1)
+    relu = affine_relu if how.mask_from_input else _relu_of_affine
+    return relu(y, *prologue)
 
 
 def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
@@ -127,8 +143,8 @@ class FusedResNet(torchvision.models.ResNet):
     that apply the previous BN and ReLU as they read (``FOLD``: none by default; ``ALL`` saves
     memory); the others read it from an elementwise pass, whose ReLU backward masks by the
     convolution output (``mask_from_input``, the default) or by the pass's output;
-    ``store_block_grad`` stores each block end's masked gradient once (``Fusion``). The rest is
-    ``ResNet``'s arguments."""
+    ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
+    stem's BN as the others (``Fusion``). The rest is ``ResNet``'s arguments."""
 
     def __init__(
         self,
@@ -136,15 +152,16 @@ class FusedResNet(torchvision.models.ResNet):
         fold: Collection[int] = FOLD,
         mask_from_input: bool = True,
         store_block_grad: bool = False,
+        fuse_stem: bool = False,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
-        self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad)
+        self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad, fuse_stem)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.maxpool(_stem(self, x, self.fusion))
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
                 x = self.run_block(block, x, self.fusion)

@@ -34,14 +34,17 @@ def test_each_fusion_moves_less_than_the_path_before_it():
     normalised activation from both BN backward kernels: at least a quarter of a pass less
     (about half here); were inductor to store the masked gradient as a buffer instead, it would
     move more, not less. Storing each block end's masked gradient once, instead of inductor
-    recomputing it in each of its readers, moves at least 0.15 of a pass less (0.29 here)."""
+    recomputing it in each of its readers, moves at least 0.15 of a pass less (0.29 here); the
+    stem's BN run as the others at least 0.3 less (0.97 here, where the stem is large)."""
     plain = traffic.measure("resnet18", "plain", 32, 2, "cpu")
     relu = traffic.measure("resnet18", "fused-relu", 32, 2, "cpu")
     fused = traffic.measure("resnet18", "fused", 32, 2, "cpu")
     stored = traffic.measure("resnet18", "stored", 32, 2, "cpu")
+    stem = traffic.measure("resnet18", "stem", 32, 2, "cpu")
     assert plain.kernels > 20 and relu.kernels > 20
     assert plain.kernel_passes > 5  # a BN step reads and writes each activation several times
     assert relu.kernel_passes < plain.kernel_passes - 0.33
     assert fused.kernel_passes < relu.kernel_passes - 0.25
     assert stored.kernel_passes < fused.kernel_passes - 0.15
+    assert stem.kernel_passes < fused.kernel_passes - 0.3
     assert fused.top and all(passes > 0 for passes, _ in fused.top)

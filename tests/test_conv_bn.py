@@ -158,25 +158,28 @@ def test_stored_is_the_tensor_itself_outside_a_compiled_graph():
 
 
 @pytest.mark.parametrize(
-    "arch, fold, mask_from_input, store_block_grad",
+    "arch, fold, mask_from_input, store_block_grad, fuse_stem",
     [
-        ("resnet18", {1, 3}, False, False),
-        ("resnet50", {1, 3}, False, False),
-        ("resnet50", {3}, False, False),
-        ("resnet50", (), False, False),
-        ("resnet18", (), True, False),
-        ("resnet50", (), True, False),
-        ("resnet18", (), True, True),
-        ("resnet50", (), True, True),
+        ("resnet18", {1, 3}, False, False, False),
+        ("resnet50", {1, 3}, False, False, False),
+        ("resnet50", {3}, False, False, False),
+        ("resnet50", (), False, False, False),
+        ("resnet18", (), True, False, False),
+        ("resnet50", (), True, False, False),
+        ("resnet18", (), True, True, False),
+        ("resnet50", (), True, True, False),
+        ("resnet18", (), False, False, True),
+        ("resnet50", (), True, True, True),
     ],
 )
 def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
-    arch, fold, mask_from_input, store_block_grad
+    arch, fold, mask_from_input, store_block_grad, fuse_stem
 ):
     """The same weights, state dict, logits, gradients and running statistics as torchvision's
     ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
-    elementwise pass each, its ReLU's gradient masked by its output or by its input), and with
-    each block end's masked gradient stored once."""
+    elementwise pass each, its ReLU's gradient masked by its output or by its input), with
+    each block end's masked gradient stored once, and with the stem as torchvision's or its BN
+    run as the others."""
     assert_matches_torchvision(
         arch,
         lambda arch, **kw: FusedResNet(
@@ -184,6 +187,7 @@ def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
             fold=fold,
             mask_from_input=mask_from_input,
             store_block_grad=store_block_grad,
+            fuse_stem=fuse_stem,
             **kw,
         ),
     )
@@ -204,14 +208,18 @@ def test_a_fused_checkpoint_loads_into_torchvision_and_back():
 
 
 @pytest.mark.parametrize(
-    "mask_from_input, store_block_grad", [(False, False), (True, False), (True, True)]
+    "mask_from_input, store_block_grad, fuse_stem",
+    [(False, False, False), (True, False, False), (True, True, True)],
 )
-def test_the_fused_forward_traces_without_graph_breaks(mask_from_input, store_block_grad):
+def test_the_fused_forward_traces_without_graph_breaks(
+    mask_from_input, store_block_grad, fuse_stem
+):
     model = FusedResNet(
         "resnet18",
         num_classes=4,
         mask_from_input=mask_from_input,
         store_block_grad=store_block_grad,
+        fuse_stem=fuse_stem,
     )
     model = model.to(memory_format=torch.channels_last)
     explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))

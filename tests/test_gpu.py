@@ -334,7 +334,7 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
 # the fused path's variants by FusedResNet's options
 FUSED_VARIANTS = {
     "fused-bn-torch-relu": {"mask_from_input": False},
-    "fused-bn-stored": {"store_block_grad": True},
+    "fused-bn-leaner": {"store_block_grad": True, "fuse_stem": True},
 }
 
 
@@ -350,7 +350,7 @@ FUSED_VARIANTS = {
         "compiled+graph+recipe",
         "compiled+graph+fused-bn",
         "compiled+graph+fused-bn-torch-relu",
-        "compiled+graph+fused-bn-stored",
+        "compiled+graph+fused-bn-leaner",
         "compiled+graph+cudnn-bn",
     ],
 )
@@ -359,12 +359,12 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
     its ReLU gradients masked by torch.relu's output, and with its block ends' gradients
-    stored) and on cuDNN's BN kernels (bf16)."""
+    stored and its stem's BN run as the others) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
         base += "+graph"
-    if extra in ("fused-bn", "fused-bn-torch-relu", "fused-bn-stored", "cudnn-bn"):
+    if extra in ("fused-bn", "fused-bn-torch-relu", "fused-bn-leaner", "cudnn-bn"):
         pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
     if extra in FUSED_VARIANTS:  # FusedResNet's options, in what build_model constructs
         import fasttrain.fused_resnet as fused_resnet
