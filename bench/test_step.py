@@ -80,9 +80,9 @@ def test_step_path_tuned(benchmark, path):
 FOLDS = {"none (the default)": (), "3x3": (3,), "all": (1, 3)}
 
 
-def time_fused_variant(benchmark, monkeypatch, **options) -> None:
+def time_fused_variant(benchmark, monkeypatch, kernels: str = "none", **options) -> None:
     """The fp16 --fused-bn step at batch 256 with ``FusedResNet(**options)`` as the model that
-    ``build_model`` constructs, and its peak memory."""
+    ``build_model`` constructs and the ``--triton-kernels`` named, and its peak memory."""
     import fasttrain.fused_resnet as fused_resnet
 
     class Variant(fused_resnet.FusedResNet):
@@ -91,7 +91,7 @@ def time_fused_variant(benchmark, monkeypatch, **options) -> None:
 
     monkeypatch.setattr(fused_resnet, "FusedResNet", Variant)
     torch.cuda.reset_peak_memory_stats()
-    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True)
+    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels=kernels)
     time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
@@ -114,12 +114,15 @@ def test_fused_bn_relu_mask(benchmark, mask, monkeypatch):
     time_fused_variant(benchmark, monkeypatch, mask_from_input=mask.startswith("input"))
 
 
-# FusedResNet's options not yet on by default, alone and together
-LEANER = {
-    "the default": {},
-    "store_block_grad": {"store_block_grad": True},
-    "fuse_stem": {"fuse_stem": True},
-    "both": {"store_block_grad": True, "fuse_stem": True},
+# FusedResNet's options not yet on by default, and the --triton-kernels (the Triton max-pool,
+# which --triton-kernels auto runs on a GPU, takes the fused stem's normalise + ReLU in)
+BOTH = {"store_block_grad": True, "fuse_stem": True}
+LEANER: dict[str, tuple[dict, str]] = {
+    "the default": ({}, "none"),
+    "store_block_grad": ({"store_block_grad": True}, "none"),
+    "both": (BOTH, "none"),
+    "the default, triton max-pool": ({}, "maxpool"),
+    "both, triton max-pool": (BOTH, "maxpool"),
 }
 
 
@@ -128,8 +131,10 @@ LEANER = {
 def test_fused_bn_leaner_backward(benchmark, options, monkeypatch):
     """The fp16 --fused-bn step at batch 256 with each block end's masked gradient stored once
     rather than recomputed by each of its readers (``store_block_grad``), with the stem's BN run
-    as the others (``fuse_stem``), and both: less traffic in ``bench/traffic.py``'s count."""
-    time_fused_variant(benchmark, monkeypatch, **LEANER[options])
+    as the others (``fuse_stem``), and both: less traffic in ``bench/traffic.py``'s count; with
+    torch's max-pool and with fasttrain's Triton one."""
+    options, kernels = LEANER[options]
+    time_fused_variant(benchmark, monkeypatch, kernels, **options)
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

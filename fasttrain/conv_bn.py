@@ -269,6 +269,40 @@ def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     return _AffineReLU.apply(y, *kept(scale, bias))
 
 
+class _AffineReLUMaxPool(torch.autograd.Function):
+    """``max_pool2d(relu(y * scale + bias))`` by fasttrain's Triton max-pool, which applies the
+    affine + ReLU as it reads ``y``; the backward gathers the pool's gradient and masks it by
+    the pre-activation recomputed from ``y``, as ``affine_relu``'s does."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, kernel: int, stride: int, pad: int):
+        from fasttrain.kernels.maxpool import affine_relu_pool
+
+        out, offsets = affine_relu_pool(y, scale, bias, kernel, stride, pad)
+        ctx.save_for_backward(y, scale, bias, offsets)
+        ctx.pool = kernel, stride, pad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        from fasttrain.kernels.maxpool import pool_backward
+
+        y, scale, bias, offsets = ctx.saved_tensors
+        channels_last = y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        ga = pool_backward(grad, offsets, y.shape[2], y.shape[3], channels_last, *ctx.pool)
+        return *_prologue_backward(ga, y, scale, bias), None, None, None
+
+
+def affine_relu_max_pool2d(
+    y: Tensor, scale: Tensor, bias: Tensor, kernel: int, stride: int, padding: int
+) -> Tensor:
+    """``F.max_pool2d(affine_relu(y, scale, bias), kernel, stride, padding)`` in one Triton
+    kernel that reads ``y`` once and never writes the normalised activation (the stem's BN +
+    ReLU + max-pool); the same values and gradients. Scale and bias pass through ``kept`` for
+    the reason ``affine_relu``'s do."""
+    return _AffineReLUMaxPool.apply(y, *kept(scale, bias), kernel, stride, padding)
+
+
 def stored(t: Tensor) -> Tensor:
     """``t``, which inductor writes to a buffer of its own where it is computed, rather than
     recomputing it inside every kernel that reads it (its rule for an expression of at most

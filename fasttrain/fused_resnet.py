@@ -34,7 +34,15 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, sums
+from fasttrain.conv_bn import (
+    affine,
+    affine_relu,
+    affine_relu_max_pool2d,
+    bn_finalize,
+    conv_bn,
+    residual_relu,
+    sums,
+)
 
 BLOCKS = {
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
@@ -98,15 +106,21 @@ def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> Prolo
 
 
 def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
-    """The stem before its max-pool: conv1, bn1 and the ReLU, as torchvision runs them or, with
+    """The stem: conv1, bn1, the ReLU and the max-pool, as torchvision runs them or, with
     ``how.fuse_stem``, with bn1's statistics summed by one reduction (cuDNN declines to sum them
-    in the 3-channel convolution) and its normalise + ReLU as the other BNs' pass."""
+    in the 3-channel convolution) and its normalise + ReLU as the other BNs' pass, or inside
+    fasttrain's Triton max-pool where the model runs it (``affine_relu_max_pool2d``)."""
     if not how.fuse_stem:
-        return model.relu(model.bn1(model.conv1(x)))
+        return model.maxpool(model.relu(model.bn1(model.conv1(x))))
     y = model.conv1(x)
     prologue = _bn(y, *sums(y), model.bn1)
+    pool = model.maxpool
+    from fasttrain.kernels.maxpool import MaxPool2d  # fasttrain's Triton max-pool (triton_maxpool)
+
+    if how.mask_from_input and isinstance(pool, MaxPool2d):
+        return affine_relu_max_pool2d(y, *prologue, pool.kernel_size, pool.stride, pool.padding)
     relu = affine_relu if how.mask_from_input else _relu_of_affine
-    return relu(y, *prologue)
+    return pool(relu(y, *prologue))
 
 
 def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
@@ -161,7 +175,7 @@ class FusedResNet(torchvision.models.ResNet):
         self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad, fuse_stem)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.maxpool(_stem(self, x, self.fusion))
+        x = _stem(self, x, self.fusion)
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
                 x = self.run_block(block, x, self.fusion)

@@ -11,7 +11,9 @@ contiguous.
 Registered as the custom ops ``fasttrain::max_pool2d`` and ``fasttrain::max_pool2d_backward``
 (``torch.library``), so ``torch.compile`` calls them as single ops. ``F.max_pool2d`` is the
 reference; the tests hold them together, ties and -inf included (the first maximum in a window
-wins, as in torch, and NaN propagates).
+wins, as in torch, and NaN propagates). ``fasttrain::affine_relu_max_pool2d`` pools
+``relu(x * scale + bias)`` per channel, applying the affine + ReLU as it reads ``x`` (the fused
+path's stem, whose BN output is then never written), held to ``F.max_pool2d`` of the same.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ def _tile(P_TOTAL, C, A, B, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def _pool_fwd(
-    x_ptr, out_ptr, off_ptr,
+    x_ptr, out_ptr, off_ptr, scale_ptr, bias_ptr,
     P_TOTAL, C, H, W, OH, OW,
     sxn, sxc, sxh, sxw, son, soc, soh, sow,
-    K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr,
+    K: tl.constexpr, S: tl.constexpr, PAD: tl.constexpr, AFFINE: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     p, c, p_ok, c_ok, n, oh, ow = _tile(P_TOTAL, C, OH, OW, BLOCK_P, BLOCK_C)  # output pixels
+    if AFFINE:  # pool relu(x * scale + bias), each value rounded to x's dtype as torch stores it
+        scale = tl.load(scale_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        bias = tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     best = tl.full((BLOCK_P, BLOCK_C), -float("inf"), tl.float32)
     # torch starts from the window's first in-bounds position, so an all -inf window points there
     first = tl.maximum(PAD - oh * S, 0) * K + tl.maximum(PAD - ow * S, 0)
@@ -59,6 +64,10 @@ def _pool_fwd(
                 mask=ok[:, None] & c_ok[None, :],
                 other=-float("inf"),
             ).to(tl.float32)
+            if AFFINE:  # padding stays -inf; it is not a ReLU output of 0
+                z = tl.where(ok[:, None] & c_ok[None, :], v, 0.0) * scale + bias
+                z = tl.where(z < 0.0, 0.0, z).to(x_ptr.dtype.element_ty).to(tl.float32)
+                v = tl.where(ok[:, None], z, -float("inf"))
             take = (v > best) | (v != v)  # as torch: a greater value, or NaN, takes over
             best = tl.where(take, v, best)
             arg = tl.where(take, kh * K + kw, arg)
@@ -129,20 +138,33 @@ def _pool_outputs(
     return out, x.new_empty((n, oh, ow, c), dtype=torch.int8)
 
 
-@torch.library.custom_op("fasttrain::max_pool2d", mutates_args=())
-def _pool(
-    x: torch.Tensor, kernel: int, stride: int, padding: int
+def _launch_fwd(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    kernel: int,
+    stride: int,
+    padding: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n, c, h, w = x.shape
     out, offsets = _pool_outputs(x, kernel, stride, padding)
     oh, ow = out.shape[2:]
     bp, bc, warps = TILE
     grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
+    affine = scale is not None
     _pool_fwd[grid](
-        x, out, offsets, n * oh * ow, c, h, w, oh, ow, *x.stride(), *out.stride(),
-        K=kernel, S=stride, PAD=padding, BLOCK_P=bp, BLOCK_C=bc, num_warps=warps,
+        x, out, offsets, scale if affine else x, bias if affine else x,
+        n * oh * ow, c, h, w, oh, ow, *x.stride(), *out.stride(),
+        K=kernel, S=stride, PAD=padding, AFFINE=affine, BLOCK_P=bp, BLOCK_C=bc, num_warps=warps,
     )  # fmt: skip
     return out, offsets
+
+
+@torch.library.custom_op("fasttrain::max_pool2d", mutates_args=())
+def _pool(
+    x: torch.Tensor, kernel: int, stride: int, padding: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_fwd(x, None, None, kernel, stride, padding)
 
 
 @_pool.register_fake
@@ -150,8 +172,24 @@ def _(x, kernel, stride, padding):
     return _pool_outputs(x, kernel, stride, padding)
 
 
+@torch.library.custom_op("fasttrain::affine_relu_max_pool2d", mutates_args=())
+def affine_relu_pool(
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, kernel: int, stride: int, padding: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max_pool2d(relu(x * scale + bias))`` per channel and its argmax offsets, in one read of
+    ``x``: the normalised activation is never written. No autograd formula of its own: the
+    caller composes ``pool_backward`` with the affine + ReLU's backward
+    (``fasttrain.conv_bn.affine_relu_max_pool2d``)."""
+    return _launch_fwd(x, scale, bias, kernel, stride, padding)
+
+
+@affine_relu_pool.register_fake
+def _(x, scale, bias, kernel, stride, padding):
+    return _pool_outputs(x, kernel, stride, padding)
+
+
 @torch.library.custom_op("fasttrain::max_pool2d_backward", mutates_args=())
-def _pool_backward(
+def pool_backward(
     grad: torch.Tensor,
     offsets: torch.Tensor,
     height: int,
@@ -174,7 +212,7 @@ def _pool_backward(
     return dx
 
 
-@_pool_backward.register_fake
+@pool_backward.register_fake
 def _(grad, offsets, height, width, channels_last, kernel, stride, padding):
     n, c = grad.shape[:2]
     return _like(grad, (n, c, height, width), channels_last)
@@ -189,7 +227,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_offsets):
     (offsets,) = ctx.saved_tensors
-    dx = _pool_backward(
+    dx = pool_backward(
         grad_out, offsets, ctx.height, ctx.width, ctx.channels_last,
         ctx.kernel, ctx.stride, ctx.padding,
     )  # fmt: skip

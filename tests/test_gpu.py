@@ -359,7 +359,7 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
     its ReLU gradients masked by torch.relu's output, and with its block ends' gradients
-    stored and its stem's BN run as the others) and on cuDNN's BN kernels (bf16)."""
+    stored and its stem's BN run inside the Triton max-pool) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
@@ -377,7 +377,7 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
         base,
         amp=torch.float16 if fp16 else torch.bfloat16,
         triton=extra == "triton-sgd",
-        maxpool=extra == "triton-maxpool",
+        maxpool=extra in ("triton-maxpool", "fused-bn-leaner"),
         clip=1.0 if recipe else None,
         ema=recipe,
         mix=recipe,
