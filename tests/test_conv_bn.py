@@ -6,12 +6,16 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 
 from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, stored
 from fasttrain.fused_resnet import FusedResNet
 from tests.conftest import assert_matches_torchvision
+
+# the Triton max-pool's tests run on the GPU where there is one, else interpreted on the CPU
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _x(*shape, seed=0, dtype=torch.float64):
@@ -316,3 +320,68 @@ def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, s
     torch.testing.assert_close(captured[0], again[0])
     for a, b in zip(captured[1:], again[1:], strict=True):  # cuDNN's sums: atomics, any order
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_affine_relu_maxpool_matches_torch(dtype):
+    """The stem's BN normalise + ReLU applied inside the Triton max-pool: the values of
+    max_pool2d(relu(affine(y))) exactly (each normalised value rounded to y's dtype before the
+    max, as torch stores it), negative scales and zero windows included, and the gradients of
+    y, scale and bias (the pool's gather, then the mask by the recomputed pre-activation)."""
+    from fasttrain.conv_bn import affine, affine_relu_max_pool2d
+
+    g = torch.Generator().manual_seed(7)
+    y = torch.randn(2, 70, 9, 7, generator=g).to(dtype)  # past one 64-wide channel tile
+    y = y.to(memory_format=torch.channels_last).to(DEV)
+    scale = torch.linspace(-1.5, 2.0, 70, device=DEV)
+    bias = torch.linspace(-0.4, 0.6, 70, device=DEV)
+    ours = [t.clone().requires_grad_() for t in (y, scale, bias)]
+    ref = [t.clone().requires_grad_() for t in (y, scale, bias)]
+    out = affine_relu_max_pool2d(*ours, 3, 2, 1)
+    out_ref = F.max_pool2d(torch.relu(affine(*ref)), 3, 2, 1)
+    assert out.dtype == dtype and out.stride() == out_ref.stride()
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=0)
+    grad = torch.randn(out.shape, generator=g).to(dtype).to(DEV)
+    out.backward(grad)
+    out_ref.backward(grad)
+    assert ours[0].grad.stride() == ref[0].grad.stride()
+    tol = 1e-5 if dtype == torch.float32 else 4e-3  # torch's fp16 backward sums in fp16
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compiled, monkeypatch):
+    """FusedResNet(fuse_stem=True) with fasttrain's max-pool swapped in applies the stem's
+    normalise + ReLU inside it, with the logits, gradients and running statistics of the same
+    model on torch's max-pool (fp32); compiled into one graph, the same."""
+    from fasttrain.kernels.maxpool import MaxPool2d
+
+    import fasttrain.fused_resnet as fused_resnet
+
+    def model(triton: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = fused_resnet.FusedResNet("resnet18", num_classes=5, fuse_stem=True)
+        if triton:
+            m.maxpool = MaxPool2d(3, 2, 1)
+        return m.to(DEV, memory_format=torch.channels_last)
+
+    calls = []
+    pool = fused_resnet.affine_relu_max_pool2d
+    monkeypatch.setattr(
+        fused_resnet, "affine_relu_max_pool2d", lambda *a: calls.append(1) or pool(*a)
+    )
+    # batch 4 at 64 px: layer4's BN normalises 16 values per channel (fewer make it near-singular,
+    # and a compiled graph's other order of additions would show in the logits)
+    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    x = x.to(DEV, memory_format=torch.channels_last)
+    ours, ref = model(True), model(False)
+    run = torch.compile(ours, fullgraph=True) if compiled else ours
+    out, out_ref = run(x), ref(x)
+    assert calls == [1]
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    out_ref.sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
