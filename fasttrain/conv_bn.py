@@ -288,7 +288,7 @@ class _AffineReLUMaxPool(torch.autograd.Function):
         from fasttrain.kernels.maxpool import pool_backward
 
         y, scale, bias, offsets = ctx.saved_tensors
-        channels_last = y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        channels_last = memory_format_of(y) == torch.channels_last
         ga = pool_backward(grad, offsets, y.shape[2], y.shape[3], channels_last, *ctx.pool)
         return *_prologue_backward(ga, y, scale, bias), None, None, None
 

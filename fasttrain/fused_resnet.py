@@ -74,7 +74,7 @@ class Fusion:
     its masked gradient once for its three readers (``residual_relu``) instead of leaving
     inductor to recompute it in each. With ``fuse_stem``, the stem's BN runs as the others that
     no convolution sums for: its statistics by one reduction, its normalise + ReLU as the pass
-    above (``stem``)."""
+    above (``_stem``)."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
