@@ -15,18 +15,19 @@ model once. The image size and batch change the bytes, not the passes (up to rou
 sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Paths:
 
 - ``plain``: torchvision's ResNet (BatchNorm2d, ReLU), as ``--arch`` builds it;
-- ``fused``: ``FusedResNet`` (``--fused-bn``): each BN's statistics summed by the convolution
-  before it, its normalise + ReLU one elementwise pass, whose ReLU gradient is masked by the
-  pass's input (``conv_bn.affine_relu``);
-- ``fused-relu``: ``FusedResNet(mask_from_input=False)``: ``fused`` with that gradient masked by
-  the pass's output (``torch.relu``), as a plain ReLU does;
-- ``fold``: ``FusedResNet(fold=ALL)``: the normalise + ReLU applied as the next convolution reads
-  its input (the backward then recomputes it for the weight gradient);
-- ``stored``: ``FusedResNet(store_block_grad=True)``: ``fused`` with each block end's masked
-  gradient stored once for its readers (``conv_bn.residual_relu``);
-- ``stem``: ``FusedResNet(fuse_stem=True)``: ``fused`` with the stem's BN run as the others
-  (statistics by one reduction, normalise + ReLU masked by its input);
-- ``stored-stem``: both.
+- ``fused-relu``: ``FusedResNet(mask_from_input=False, store_block_grad=False,
+  fuse_stem=False)``: each BN's statistics summed by the convolution before it, its normalise +
+  ReLU one elementwise pass with torch.relu's gradient (masked by the pass's output), the block
+  ends and the stem as torch computes them;
+- ``mask``: ``fused-relu`` with each pass's ReLU gradient masked by the pass's input
+  (``conv_bn.affine_relu``);
+- ``fold``: ``mask`` with ``fold=ALL``: the normalise + ReLU applied as the next
+  convolution reads its input (the backward then recomputes it for the weight gradient);
+- ``stored``: ``mask`` with each block end's masked gradient stored once for its readers
+  (``store_block_grad``, ``conv_bn.residual_relu``);
+- ``stem``: ``mask`` with the stem's BN run as the others (``fuse_stem``: statistics by one
+  reduction, normalise + ReLU masked by its input);
+- ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``mask`` with both.
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused-relu", "fused", "fold", "stored", "stem", "stored-stem")
+PATHS = ("plain", "fused-relu", "mask", "fold", "stored", "stem", "fused")
 
 
 @dataclass
@@ -70,8 +71,8 @@ def build(arch: str, path: str) -> nn.Module:
         arch,
         fold=ALL if path == "fold" else (),
         mask_from_input=path != "fused-relu",
-        store_block_grad=path in ("stored", "stored-stem"),
-        fuse_stem=path in ("stem", "stored-stem"),
+        store_block_grad=path in ("stored", "fused"),
+        fuse_stem=path in ("stem", "fused"),
     )
 
 

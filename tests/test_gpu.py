@@ -333,8 +333,7 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
 
 # the fused path's variants by FusedResNet's options
 FUSED_VARIANTS = {
-    "fused-bn-torch-relu": {"mask_from_input": False},
-    "fused-bn-leaner": {"store_block_grad": True, "fuse_stem": True},
+    "fused-bn-torch": {"mask_from_input": False, "store_block_grad": False, "fuse_stem": False},
 }
 
 
@@ -349,8 +348,8 @@ FUSED_VARIANTS = {
         "compiled+graph+triton-maxpool",
         "compiled+graph+recipe",
         "compiled+graph+fused-bn",
-        "compiled+graph+fused-bn-torch-relu",
-        "compiled+graph+fused-bn-leaner",
+        "compiled+graph+fused-bn-triton-maxpool",
+        "compiled+graph+fused-bn-torch",
         "compiled+graph+cudnn-bn",
     ],
 )
@@ -358,8 +357,8 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
-    its ReLU gradients masked by torch.relu's output, and with its block ends' gradients
-    stored and its stem's BN run inside the Triton max-pool) and on cuDNN's BN kernels (bf16)."""
+    its stem's BN run inside the Triton max-pool, and with its ReLUs, block ends and stem as
+    torch computes them) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
@@ -377,7 +376,7 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
         base,
         amp=torch.float16 if fp16 else torch.bfloat16,
         triton=extra == "triton-sgd",
-        maxpool=extra in ("triton-maxpool", "fused-bn-leaner"),
+        maxpool=extra.endswith("triton-maxpool"),
         clip=1.0 if recipe else None,
         ema=recipe,
         mix=recipe,
