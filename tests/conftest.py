@@ -202,3 +202,11 @@ def assert_matches_torchvision(arch: str, build) -> None:
     ours.eval()
     ref.eval()
     torch.testing.assert_close(ours(x), ref(x))
+
+
+def randn_nhwc(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A seeded normal tensor in channels_last, the layout the fused path runs in."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )

@@ -1,37 +1,27 @@
-"""The fused model path's ops and model against plain torch: conv_bn and bn_finalize against
-nn.Conv2d + nn.BatchNorm2d + ReLU, forward and backward, running statistics included; the
-fused ResNet against torchvision's, with the same state dict."""
+"""The fused model path's ops against plain torch: conv_bn and bn_finalize against nn.Conv2d +
+nn.BatchNorm2d + ReLU, forward and backward, running statistics included, eager and compiled;
+the normalise + ReLU passes and the block end; cuDNN's fused forward on a GPU; the stem's
+normalise + ReLU inside the Triton max-pool. The model built from them: test_fused_resnet.py."""
 
 import copy
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, stored
-from fasttrain.fused_resnet import FusedResNet
-from tests.conftest import assert_matches_torchvision
+from tests.conftest import randn_nhwc
 
 # the Triton max-pool's tests run on the GPU where there is one, else interpreted on the CPU
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _x(*shape, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype).contiguous(
-        memory_format=torch.channels_last
-    )
-
-
 @pytest.mark.parametrize("prologue", [False, True])
 @pytest.mark.parametrize("stride, padding, k", [(1, 1, 3), (2, 0, 1), (2, 3, 7)])
 def test_conv_bn_matches_conv2d_and_its_sums_forward_and_backward(prologue, stride, padding, k):
-    x = _x(2, 4, 9, 9).requires_grad_()
-    w = _x(5, 4, k, k, seed=1).requires_grad_()
+    x = randn_nhwc(2, 4, 9, 9).requires_grad_()
+    w = randn_nhwc(5, 4, k, k, seed=1).requires_grad_()
     scale = (torch.rand(4, dtype=torch.float64) + 0.5).requires_grad_() if prologue else None
     bias = (torch.randn(4, dtype=torch.float64) * 0.3).requires_grad_() if prologue else None
     y, total, total_sq = conv_bn(x, w, scale, bias, stride, padding)
@@ -42,7 +32,7 @@ def test_conv_bn_matches_conv2d_and_its_sums_forward_and_backward(prologue, stri
     torch.testing.assert_close(total.double(), ref.sum((0, 2, 3)))
     torch.testing.assert_close(total_sq.double(), (ref * ref).sum((0, 2, 3)))
     # a loss that uses the output and both sums, so every gradient path is taken
-    g = _x(*y.shape, seed=2)
+    g = randn_nhwc(*y.shape, seed=2)
     c1, c2 = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     inputs = [t for t in (x, w, scale, bias) if t is not None]
     got = torch.autograd.grad((y * g).sum() + (total * c1).sum() + (total_sq * c2).sum(), inputs)
@@ -55,8 +45,8 @@ def test_conv_bn_matches_conv2d_and_its_sums_forward_and_backward(prologue, stri
 
 def test_conv_bn_is_a_well_formed_custom_op():
     """Schema, fake (meta) implementation, autograd registration: torch.library's own checks."""
-    x = _x(2, 4, 8, 8, dtype=torch.float32).requires_grad_()
-    w = _x(6, 4, 3, 3, seed=1, dtype=torch.float32).requires_grad_()
+    x = randn_nhwc(2, 4, 8, 8, dtype=torch.float32).requires_grad_()
+    w = randn_nhwc(6, 4, 3, 3, seed=1, dtype=torch.float32).requires_grad_()
     scale = torch.rand(4, requires_grad=True)
     bias = torch.randn(4, requires_grad=True)
     torch.library.opcheck(conv_bn, (x, w, scale, bias, 1, 1))
@@ -92,10 +82,10 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
     ref = [m.double() for m in mods]
     fused = copy.deepcopy(ref)
     for step in range(3):
-        x = _x(4, 3, 6, 6, seed=10 + step)
+        x = randn_nhwc(4, 3, 6, 6, seed=10 + step)
         out_ref, out = _reference_chain(*ref, x), _fused_chain(*fused, x)
         torch.testing.assert_close(out, out_ref)
-        g = _x(*out.shape, seed=20 + step)
+        g = randn_nhwc(*out.shape, seed=20 + step)
         params_ref = [p for m in ref for p in m.parameters()]
         params = [p for m in fused for p in m.parameters()]
         for a, b in zip(
@@ -110,7 +100,7 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
             assert int(bn.num_batches_tracked) == int(bn_ref.num_batches_tracked) == step + 1
     for m in ref + fused:
         m.eval()
-    x = _x(2, 3, 6, 6, seed=99)
+    x = randn_nhwc(2, 3, 6, 6, seed=99)
     torch.testing.assert_close(_fused_chain(*fused, x), _reference_chain(*ref, x))
 
 
@@ -119,10 +109,10 @@ def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled):
     """affine_relu masks its gradient by the pre-activation it recomputes, torch.relu by its
     output: the same values and gradients (no pre-activation here is exactly zero), negative
     scales included; compiled into one graph (the kept scale and bias included), the same."""
-    y = _x(4, 6, 5, 5).requires_grad_()
+    y = randn_nhwc(4, 6, 5, 5).requires_grad_()
     scale = torch.linspace(-1.5, 2.0, 6, dtype=torch.float64).requires_grad_()
     bias = torch.linspace(-0.4, 0.6, 6, dtype=torch.float64).requires_grad_()
-    g = _x(4, 6, 5, 5, seed=3)
+    g = randn_nhwc(4, 6, 5, 5, seed=3)
     fn = torch.compile(affine_relu, fullgraph=True) if compiled else affine_relu
     out, ref = fn(y, scale, bias), torch.relu(affine(y, scale, bias))
     torch.testing.assert_close(out, ref)
@@ -139,11 +129,11 @@ def test_residual_relu_is_relu_of_affine_plus_identity_forward_and_backward(comp
     """residual_relu stores its masked gradient (a no-op outside a compiled graph): the values
     and gradients of torch.relu(affine(...) + identity) for all four inputs, negative scales
     included, channels_last kept; compiled into one graph, the same."""
-    y = _x(4, 6, 5, 5).requires_grad_()
-    identity = _x(4, 6, 5, 5, seed=1).requires_grad_()
+    y = randn_nhwc(4, 6, 5, 5).requires_grad_()
+    identity = randn_nhwc(4, 6, 5, 5, seed=1).requires_grad_()
     scale = torch.linspace(-1.5, 2.0, 6, dtype=torch.float64).requires_grad_()
     bias = torch.linspace(-0.4, 0.6, 6, dtype=torch.float64).requires_grad_()
-    g = _x(4, 6, 5, 5, seed=3)
+    g = randn_nhwc(4, 6, 5, 5, seed=3)
     fn = torch.compile(residual_relu, fullgraph=True) if compiled else residual_relu
     out, ref = fn(y, scale, bias, identity), torch.relu(affine(y, scale, bias) + identity)
     torch.testing.assert_close(out, ref)
@@ -159,77 +149,8 @@ def test_residual_relu_is_relu_of_affine_plus_identity_forward_and_backward(comp
 def test_stored_is_the_tensor_itself_outside_a_compiled_graph():
     """``stored`` relies on inductor's stride prim: if a torch release drops or changes it, this
     fails rather than the compiled step."""
-    t = _x(2, 4, 3, 3)
+    t = randn_nhwc(2, 4, 3, 3)
     assert stored(t) is t
-
-
-@pytest.mark.parametrize(
-    "arch, fold, mask_from_input, store_block_grad, fuse_stem",
-    [
-        ("resnet18", {1, 3}, False, False, False),
-        ("resnet50", {1, 3}, False, False, False),
-        ("resnet50", {3}, False, False, False),
-        ("resnet50", (), False, False, False),
-        ("resnet18", (), True, False, False),
-        ("resnet50", (), True, False, False),
-        ("resnet18", (), True, True, False),
-        ("resnet50", (), True, True, False),
-        ("resnet18", (), False, False, True),
-        ("resnet50", (), True, True, True),
-    ],
-)
-def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
-    arch, fold, mask_from_input, store_block_grad, fuse_stem
-):
-    """The same weights, state dict, logits, gradients and running statistics as torchvision's
-    ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
-    elementwise pass each, its ReLU's gradient masked by its output or by its input), with
-    each block end's masked gradient stored once, and with the stem as torchvision's or its BN
-    run as the others."""
-    assert_matches_torchvision(
-        arch,
-        lambda arch, **kw: FusedResNet(
-            arch,
-            fold=fold,
-            mask_from_input=mask_from_input,
-            store_block_grad=store_block_grad,
-            fuse_stem=fuse_stem,
-            **kw,
-        ),
-    )
-
-
-def test_a_fused_checkpoint_loads_into_torchvision_and_back():
-    torch.manual_seed(1)
-    fused = FusedResNet("resnet50", num_classes=10)
-    fused(_x(2, 3, 32, 32, dtype=torch.float32))  # a training forward moves the BN statistics
-    plain = torchvision.models.resnet50(weights=None, num_classes=10)
-    plain.load_state_dict(fused.state_dict(), strict=True)
-    again = FusedResNet("resnet50", num_classes=10)
-    again.load_state_dict(plain.state_dict(), strict=True)
-    x = _x(2, 3, 32, 32, seed=5, dtype=torch.float32)
-    for m in (fused, plain, again):
-        m.eval()
-    torch.testing.assert_close(again(x), plain(x), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize(
-    "mask_from_input, store_block_grad, fuse_stem",
-    [(False, False, False), (True, False, False), (True, True, True)],
-)
-def test_the_fused_forward_traces_without_graph_breaks(
-    mask_from_input, store_block_grad, fuse_stem
-):
-    model = FusedResNet(
-        "resnet18",
-        num_classes=4,
-        mask_from_input=mask_from_input,
-        store_block_grad=store_block_grad,
-        fuse_stem=fuse_stem,
-    )
-    model = model.to(memory_format=torch.channels_last)
-    explained = torch._dynamo.explain(model)(_x(2, 3, 32, 32, dtype=torch.float32))
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
 @pytest.mark.slow
@@ -250,8 +171,8 @@ def test_the_compiled_chain_matches_eager_forward_and_backward_in_one_graph():
     eager = [m.to(memory_format=torch.channels_last) for m in mods]
     compiled_mods = copy.deepcopy(eager)
     chain = torch.compile(_fused_chain, fullgraph=True)
-    x = _x(4, 3, 8, 8, dtype=torch.float32)
-    g = _x(4, 6, 8, 8, seed=7, dtype=torch.float32)
+    x = randn_nhwc(4, 3, 8, 8, dtype=torch.float32)
+    g = randn_nhwc(4, 6, 8, 8, seed=7, dtype=torch.float32)
     out_e, out_c = _fused_chain(*eager, x), chain(*compiled_mods, x)
     torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4)
     params_e = [p for m in eager for p in m.parameters()]
@@ -353,61 +274,3 @@ def test_affine_relu_maxpool_matches_torch(dtype):
     tol = 1e-5 if dtype == torch.float32 else 4e-3  # torch's fp16 backward sums in fp16
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compiled, monkeypatch):
-    """FusedResNet (its stem's BN run as the others) with fasttrain's max-pool swapped in
-    applies the stem's normalise + ReLU inside it, with the logits, gradients and running
-    statistics of the same model on torch's max-pool (fp32; TF32 convolutions off on a GPU,
-    whose rounding of each input would magnify the pool's one-ulp differences); both compiled
-    into one graph, the same."""
-    from fasttrain.kernels.maxpool import MaxPool2d
-
-    import fasttrain.fused_resnet as fused_resnet
-
-    def model(triton: bool) -> torch.nn.Module:
-        torch.manual_seed(0)
-        m = fused_resnet.FusedResNet("resnet18", num_classes=5)  # fuse_stem: the default
-        if triton:
-            m.maxpool = MaxPool2d(3, 2, 1)
-        return m.to(DEV, memory_format=torch.channels_last)
-
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    calls = []
-    pool = fused_resnet.affine_relu_max_pool2d
-    monkeypatch.setattr(
-        fused_resnet, "affine_relu_max_pool2d", lambda *a: calls.append(1) or pool(*a)
-    )
-    # batch 4 at 64 px: layer4's BN normalises 16 values per channel (fewer make it near-singular,
-    # and a compiled graph's other order of additions would show in the logits)
-    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    x = x.to(DEV, memory_format=torch.channels_last)
-    ours, ref = model(True), model(False)
-    # compiled, both: the reference compiled too, so that only the pool differs between them (on
-    # a GPU, a compiled graph's other order of additions alone moves conv1's gradient past 1e-4)
-    run, run_ref = (torch.compile(m, fullgraph=True) if compiled else m for m in (ours, ref))
-    out, out_ref = run(x), run_ref(x)
-    assert calls == [1]
-    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
-    out.sum().backward()
-    out_ref.sum().backward()
-    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(
-            p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
-        )
-    torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
-
-
-def test_the_fused_model_needs_no_triton():
-    """A CPU-only torch has no Triton: the fused model trains without importing it (its stem asks
-    for fasttrain's Triton max-pool only where one exists). Fails if the stem imports it."""
-    code = (
-        "import sys; sys.modules['triton'] = None\n"  # any import of triton now fails
-        "import torch\n"
-        "from fasttrain.fused_resnet import FusedResNet\n"
-        "m = FusedResNet('resnet18', num_classes=3)\n"
-        "m(torch.randn(2, 3, 32, 32)).sum().backward()\n"
-        "assert 'fasttrain.kernels.maxpool' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

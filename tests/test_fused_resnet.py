@@ -1,0 +1,145 @@
+"""The fused ResNet against torchvision's: the same state dict, logits, gradients and running
+statistics with each of its options; one graph under torch.compile; its stem on fasttrain's
+Triton max-pool; and no Triton needed where the model runs on torch's ops."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchvision
+
+from fasttrain.fused_resnet import FusedResNet
+from tests.conftest import assert_matches_torchvision, randn_nhwc
+
+# the Triton max-pool runs on the GPU where there is one, else interpreted on the CPU
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize(
+    "arch, fold, mask_from_input, store_block_grad, fuse_stem",
+    [
+        ("resnet18", {1, 3}, False, False, False),
+        ("resnet50", {1, 3}, False, False, False),
+        ("resnet50", {3}, False, False, False),
+        ("resnet50", (), False, False, False),
+        ("resnet18", (), True, False, False),
+        ("resnet50", (), True, False, False),
+        ("resnet18", (), True, True, False),
+        ("resnet50", (), True, True, False),
+        ("resnet18", (), False, False, True),
+        ("resnet50", (), True, True, True),
+    ],
+)
+def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
+    arch, fold, mask_from_input, store_block_grad, fuse_stem
+):
+    """The same weights, state dict, logits, gradients and running statistics as torchvision's
+    ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
+    elementwise pass each, its ReLU's gradient masked by its output or by its input), with
+    each block end's masked gradient stored once, and with the stem as torchvision's or its BN
+    run as the others."""
+    assert_matches_torchvision(
+        arch,
+        lambda arch, **kw: FusedResNet(
+            arch,
+            fold=fold,
+            mask_from_input=mask_from_input,
+            store_block_grad=store_block_grad,
+            fuse_stem=fuse_stem,
+            **kw,
+        ),
+    )
+
+
+def test_a_fused_checkpoint_loads_into_torchvision_and_back():
+    torch.manual_seed(1)
+    fused = FusedResNet("resnet50", num_classes=10)
+    fused(
+        randn_nhwc(2, 3, 32, 32, dtype=torch.float32)
+    )  # a training forward moves the BN statistics
+    plain = torchvision.models.resnet50(weights=None, num_classes=10)
+    plain.load_state_dict(fused.state_dict(), strict=True)
+    again = FusedResNet("resnet50", num_classes=10)
+    again.load_state_dict(plain.state_dict(), strict=True)
+    x = randn_nhwc(2, 3, 32, 32, seed=5, dtype=torch.float32)
+    for m in (fused, plain, again):
+        m.eval()
+    torch.testing.assert_close(again(x), plain(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "mask_from_input, store_block_grad, fuse_stem",
+    [(False, False, False), (True, False, False), (True, True, True)],
+)
+def test_the_fused_forward_traces_without_graph_breaks(
+    mask_from_input, store_block_grad, fuse_stem
+):
+    model = FusedResNet(
+        "resnet18",
+        num_classes=4,
+        mask_from_input=mask_from_input,
+        store_block_grad=store_block_grad,
+        fuse_stem=fuse_stem,
+    )
+    model = model.to(memory_format=torch.channels_last)
+    explained = torch._dynamo.explain(model)(randn_nhwc(2, 3, 32, 32, dtype=torch.float32))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compiled, monkeypatch):
+    """FusedResNet (its stem's BN run as the others) with fasttrain's max-pool swapped in
+    applies the stem's normalise + ReLU inside it, with the logits, gradients and running
+    statistics of the same model on torch's max-pool (fp32; TF32 convolutions off on a GPU,
+    whose rounding of each input would magnify the pool's one-ulp differences); both compiled
+    into one graph, the same."""
+    from fasttrain.kernels.maxpool import MaxPool2d
+
+    import fasttrain.fused_resnet as fused_resnet
+
+    def model(triton: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = fused_resnet.FusedResNet("resnet18", num_classes=5)  # fuse_stem: the default
+        if triton:
+            m.maxpool = MaxPool2d(3, 2, 1)
+        return m.to(DEV, memory_format=torch.channels_last)
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    calls = []
+    pool = fused_resnet.affine_relu_max_pool2d
+    monkeypatch.setattr(
+        fused_resnet, "affine_relu_max_pool2d", lambda *a: calls.append(1) or pool(*a)
+    )
+    # batch 4 at 64 px: layer4's BN normalises 16 values per channel (fewer make it near-singular,
+    # and a compiled graph's other order of additions would show in the logits)
+    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    x = x.to(DEV, memory_format=torch.channels_last)
+    ours, ref = model(True), model(False)
+    # compiled, both: the reference compiled too, so that only the pool differs between them (on
+    # a GPU, a compiled graph's other order of additions alone moves conv1's gradient past 1e-4)
+    run, run_ref = (torch.compile(m, fullgraph=True) if compiled else m for m in (ours, ref))
+    out, out_ref = run(x), run_ref(x)
+    assert calls == [1]
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    out_ref.sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(
+            p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )
+    torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
+
+
+def test_the_fused_model_needs_no_triton():
+    """A CPU-only torch has no Triton: the fused model trains without importing it (its stem asks
+    for fasttrain's Triton max-pool only where one exists). Fails if the stem imports it."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # any import of triton now fails
+        "import torch\n"
+        "from fasttrain.fused_resnet import FusedResNet\n"
+        "m = FusedResNet('resnet18', num_classes=3)\n"
+        "m(torch.randn(2, 3, 32, 32)).sum().backward()\n"
+        "assert 'fasttrain.kernels.maxpool' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
