@@ -13,7 +13,9 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
 - ``affine_relu`` applies a BN's normalise + ReLU as an elementwise pass (where it is not
   folded), with a backward that masks by the pass's input rather than its output.
 - ``residual_relu`` ends a residual block (normalise, add, ReLU) with a backward whose masked
-  gradient is stored once rather than recomputed by each of its readers.
+  gradient is stored once rather than recomputed by each of its readers;
+  ``residual_relu_twice`` returns that output twice, one for each reader in the next block, so
+  that its backward adds, masks, stores and sums their gradients in one Triton kernel.
 
 ``conv_bn`` is a custom op (``fasttrain::conv_bn``) with a fake implementation, so
 ``torch.compile`` traces through it and a CUDA graph captures it. Its kernel is the plain-PyTorch
@@ -345,6 +347,41 @@ def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> T
     block's dgrad and identity) inductor would recompute it inside each of them, three reads
     where one stored buffer costs a write and a read. ``stored`` makes it that buffer."""
     return _ResidualReLU.apply(y, scale, bias, identity)
+
+
+class _ResidualReLUTwice(torch.autograd.Function):
+    """``relu(affine(y, scale, bias) + identity)`` returned twice, the second a view of the first,
+    for the next block's two readers, so that their gradients reach this backward apart and one
+    Triton kernel adds, masks, stores and sums them (``fasttrain::masked_sums``)."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor):
+        out = torch.relu(affine(y, scale, bias) + identity)
+        ctx.save_for_backward(y, scale, out)
+        ctx.set_materialize_grads(False)  # the last block's second output has no reader
+        return out, out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None, grad_twin: Tensor | None):
+        from fasttrain.kernels.block_end import masked_sums
+
+        y, scale, out = ctx.saved_tensors
+        grad, grad_twin = (grad, grad_twin) if grad is not None else (grad_twin, None)
+        masked, total, dot = masked_sums(grad, grad_twin, out, y)
+        gy = (masked.to(scale.dtype) * _per_channel(scale)).to(y.dtype)
+        return gy.contiguous(memory_format=memory_format_of(y)), dot, total, masked
+
+
+def residual_relu_twice(
+    y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``residual_relu`` whose output comes twice (the same values: the second a view), one for
+    each of the next block's readers, its first convolution and its identity path. Its backward
+    then gets their gradients apart and runs one Triton kernel (kernels/block_end.py) that adds
+    them, masks by the ReLU, writes the masked gradient and sums it per channel for the BN:
+    inductor would write the masked gradient in one kernel and read it back in another for the
+    sums. Triton runs it on a GPU (interpreted on the CPU under ``TRITON_INTERPRET=1``)."""
+    return _ResidualReLUTwice.apply(y, scale, bias, identity)
 
 
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
