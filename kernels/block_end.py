@@ -8,8 +8,9 @@ kernel that sums it per channel for the BN: it does not fuse a pointwise kernel 
 over the outer dimension of a channels_last tensor. Here one kernel reads the two parts, the
 block's output and the BN's input, writes the masked gradient and each program's partial sums
 (sum of the masked gradient, and of it times the BN's input); torch adds the partials, a few
-hundred rows per channel (deterministic: no atomics). One read of every block output less per
-step: about 0.5 of a pass over every BN output of ResNet-50.
+hundred rows per channel (deterministic: no atomics). One read of a block's output less at
+each block end without a downsample but the last: 11 of ResNet-50's 16, about 0.35 of a pass
+over every BN output at 224 px.
 
 Registered as the custom op ``fasttrain::masked_sums`` for ``torch.compile``. The reference is
 the torch ops ``masked_sums_reference`` runs; the tests hold them together.
