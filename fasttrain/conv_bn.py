@@ -336,8 +336,17 @@ class _ResidualReLU(torch.autograd.Function):
         y, scale, out = ctx.saved_tensors
         masked = stored(torch.where(out > 0, grad, 0))
         wide = masked.to(scale.dtype)
-        gy = (wide * _per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
-        return gy, (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3)), masked
+        dot, total = (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3))
+        return _block_end_grads(masked, total, dot, y, scale)
+
+
+def _block_end_grads(
+    masked: Tensor, total: Tensor, dot: Tensor, y: Tensor, scale: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A block end's gradients from its masked gradient and the per-channel sums of it and of
+    it times ``y``: those of ``y``, the scale, the bias and the identity (the masked gradient)."""
+    gy = (masked.to(scale.dtype) * _per_channel(scale)).to(y.dtype)
+    return gy.contiguous(memory_format=memory_format_of(y)), dot, total, masked
 
 
 def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> Tensor:
@@ -356,8 +365,7 @@ class _ResidualReLUTwice(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor):
-        out = torch.relu(affine(y, scale, bias) + identity)
-        ctx.save_for_backward(y, scale, out)
+        out = _ResidualReLU.forward(ctx, y, scale, bias, identity)
         ctx.set_materialize_grads(False)  # the last block's second output has no reader
         return out, out.view_as(out)
 
@@ -367,9 +375,7 @@ class _ResidualReLUTwice(torch.autograd.Function):
 
         y, scale, out = ctx.saved_tensors
         grad, grad_twin = (grad, grad_twin) if grad is not None else (grad_twin, None)
-        masked, total, dot = masked_sums(grad, grad_twin, out, y)
-        gy = (masked.to(scale.dtype) * _per_channel(scale)).to(y.dtype)
-        return gy.contiguous(memory_format=memory_format_of(y)), dot, total, masked
+        return _block_end_grads(*masked_sums(grad, grad_twin, out, y), y, scale)
 
 
 def residual_relu_twice(
