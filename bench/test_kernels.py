@@ -5,9 +5,7 @@
 - SGD: one update of ResNet-50's parameter set, against torch's foreach and fused SGD;
 - cross-entropy with label smoothing, forward + backward, batch 256 x 1000 classes;
 - max-pool 3x3/2 of ResNet-50's stem (256 x 64 x 112 x 112 bf16 channels_last), forward +
-  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles;
-- the fused ResNet's block-end backward (masked gradient + the BN's sums, 256 x 256 x 56 x 56
-  fp16), against inductor's two kernels and eager torch's, its tiles swept.
+  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
 the GPU, less than the host takes to launch it from Python on a busy machine, and the target
@@ -156,35 +154,3 @@ def test_maxpool(benchmark, impl, monkeypatch):
     benchmark.extra_info["GB_per_s"] = (
         (2 * n_in + 2 * n_out + n_out) + (2 * n_out + n_out + 2 * n_in)
     ) / (benchmark.extra_info["us_per_call"] * 1e3)
-
-
-BLOCK_END_TILES = [(32, 64), (64, 64), (16, 128), (32, 128), (128, 32)]
-
-
-@pytest.mark.benchmark(group="kernels: block-end backward (masked gradient + BN sums)")
-@pytest.mark.parametrize(
-    "impl", [f"triton {r}x{c}" for r, c in BLOCK_END_TILES] + ["torch compiled", "torch"]
-)
-def test_block_end(benchmark, impl, monkeypatch):
-    """``fasttrain::masked_sums`` at ResNet-50's largest block end (256 x 256 x 56 x 56 fp16
-    channels_last) against the same work compiled by inductor (a pointwise kernel that writes
-    the masked gradient, then a reduction that reads it back) and eager torch. GB/s counts the
-    least it moves: four tensors read, one written."""
-    from fasttrain.kernels import block_end
-
-    def make(seed: int) -> torch.Tensor:
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        t = torch.randn(256, 256, 56, 56, device="cuda", dtype=torch.float16, generator=g)
-        return t.to(memory_format=torch.channels_last)
-
-    g1, g2, out, y = make(0), make(1), make(2).relu(), make(3)
-    if impl.startswith("triton"):
-        r, c = (int(v) for v in impl.split()[1].split("x"))
-        monkeypatch.setattr(block_end, "BLOCK_R", r)
-        monkeypatch.setattr(block_end, "BLOCK_C", c)
-        fn = block_end.masked_sums
-    elif impl == "torch compiled":
-        fn = torch.compile(block_end.masked_sums_reference, dynamic=False)
-    else:
-        fn = block_end.masked_sums_reference
-    run(benchmark, lambda: fn(g1, g2, out, y), bytes_moved=5 * g1.numel() * g1.element_size())

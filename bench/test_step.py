@@ -121,7 +121,6 @@ LEANER: dict[str, dict] = {
     "store_block_grad": {"fuse_stem": False},
     "fuse_stem": {"store_block_grad": False},
     "both (the default)": {},
-    "block_end_kernel": {"block_end_kernel": True},
 }
 
 
@@ -132,8 +131,7 @@ def test_fused_bn_leaner_backward(benchmark, options, monkeypatch):
     rather than recomputed by each of its readers (``store_block_grad``), with the stem's BN run
     as the others and its normalise + ReLU applied inside the Triton max-pool (``fuse_stem``),
     with both (the default) and with neither: less traffic in ``bench/traffic.py``'s count, and
-    what the default was chosen by. ``block_end_kernel``: the default with each block end's
-    backward (its masked gradient and the BN's sums of it) in one Triton kernel."""
+    what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", **LEANER[options])
 
 

@@ -13,9 +13,7 @@ normalise), and the ReLU after it once more. Folded into the convolutions, nothi
 - ``affine_relu`` applies a BN's normalise + ReLU as an elementwise pass (where it is not
   folded), with a backward that masks by the pass's input rather than its output.
 - ``residual_relu`` ends a residual block (normalise, add, ReLU) with a backward whose masked
-  gradient is stored once rather than recomputed by each of its readers;
-  ``residual_relu_twice`` returns that output twice, one for each reader in the next block, so
-  that its backward adds, masks, stores and sums their gradients in one Triton kernel.
+  gradient is stored once rather than recomputed by each of its readers.
 
 ``conv_bn`` is a custom op (``fasttrain::conv_bn``) with a fake implementation, so
 ``torch.compile`` traces through it and a CUDA graph captures it. Its kernel is the plain-PyTorch
@@ -336,17 +334,8 @@ class _ResidualReLU(torch.autograd.Function):
         y, scale, out = ctx.saved_tensors
         masked = stored(torch.where(out > 0, grad, 0))
         wide = masked.to(scale.dtype)
-        dot, total = (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3))
-        return _block_end_grads(masked, total, dot, y, scale)
-
-
-def _block_end_grads(
-    masked: Tensor, total: Tensor, dot: Tensor, y: Tensor, scale: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A block end's gradients from its masked gradient and the per-channel sums of it and of
-    it times ``y``: those of ``y``, the scale, the bias and the identity (the masked gradient)."""
-    gy = (masked.to(scale.dtype) * _per_channel(scale)).to(y.dtype)
-    return gy.contiguous(memory_format=memory_format_of(y)), dot, total, masked
+        gy = (wide * _per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
+        return gy, (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3)), masked
 
 
 def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> Tensor:
@@ -356,38 +345,6 @@ def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> T
     block's dgrad and identity) inductor would recompute it inside each of them, three reads
     where one stored buffer costs a write and a read. ``stored`` makes it that buffer."""
     return _ResidualReLU.apply(y, scale, bias, identity)
-
-
-class _ResidualReLUTwice(torch.autograd.Function):
-    """``relu(affine(y, scale, bias) + identity)`` returned twice, the second a view of the first,
-    for the next block's two readers, so that their gradients reach this backward apart and one
-    Triton kernel adds, masks, stores and sums them (``fasttrain::masked_sums``)."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor):
-        out = _ResidualReLU.forward(ctx, y, scale, bias, identity)
-        ctx.set_materialize_grads(False)  # the last block's second output has no reader
-        return out, out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor | None, grad_twin: Tensor | None):
-        from fasttrain.kernels.block_end import masked_sums
-
-        y, scale, out = ctx.saved_tensors
-        grad, grad_twin = (grad, grad_twin) if grad is not None else (grad_twin, None)
-        return _block_end_grads(*masked_sums(grad, grad_twin, out, y), y, scale)
-
-
-def residual_relu_twice(
-    y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``residual_relu`` whose output comes twice (the same values: the second a view), one for
-    each of the next block's readers, its first convolution and its identity path. Its backward
-    then gets their gradients apart and runs one Triton kernel (kernels/block_end.py) that adds
-    them, masks by the ReLU, writes the masked gradient and sums it per channel for the BN:
-    inductor would write the masked gradient in one kernel and read it back in another for the
-    sums. Triton runs it on a GPU (interpreted on the CPU under ``TRITON_INTERPRET=1``)."""
-    return _ResidualReLUTwice.apply(y, scale, bias, identity)
 
 
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:

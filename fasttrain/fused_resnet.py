@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torchvision
@@ -44,7 +44,6 @@ from fasttrain.conv_bn import (
     bn_finalize,
     conv_bn,
     residual_relu,
-    residual_relu_twice,
     sums,
 )
 
@@ -79,17 +78,12 @@ class Fusion:
     instead of leaving inductor to recompute it in each (3.5% faster steps). With ``fuse_stem``
     (the default), the stem's BN runs as the others that no convolution sums for: its
     statistics by one reduction, its normalise + ReLU as the pass above or inside the Triton
-    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``). With
-    ``block_end_kernel``, each block's end hands its output to the next block twice, so that its
-    backward gets the two readers' gradients apart and adds, masks, stores and sums them in one
-    Triton kernel (``residual_relu_twice``): one read of each block output less than
-    ``store_block_grad``, which it replaces."""
+    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``)."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
     store_block_grad: bool = True
     fuse_stem: bool = True
-    block_end_kernel: bool = False
 
 
 def _conv(
@@ -134,9 +128,6 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
     return pool(relu(y, *prologue))
 
 
-Pair = tuple[Tensor, Tensor]  # a block's input for its first convolution and for its identity path
-
-
 def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
     if block.downsample is None:
         return x
@@ -145,31 +136,24 @@ def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
     return affine(d, *_bn(d, total, total_sq, bn))
 
 
-def _end(y: Tensor, prologue: Prologue, identity: Tensor, how: Fusion) -> Pair:
-    """A block's end: its last BN's normalise, the residual add and the ReLU, one pass; the
-    output for the next block's first convolution and for its identity path."""
-    if how.block_end_kernel:
-        return residual_relu_twice(y, *prologue, identity)
+def _end(y: Tensor, prologue: Prologue, identity: Tensor, how: Fusion) -> Tensor:
+    """A block's end: its last BN's normalise, the residual add and the ReLU, one pass."""
     if how.store_block_grad:
-        out = residual_relu(y, *prologue, identity)
-    else:
-        out = torch.relu(affine(y, *prologue) + identity)
-    return out, out
+        return residual_relu(y, *prologue, identity)
+    return torch.relu(affine(y, *prologue) + identity)
 
 
-def _bottleneck(block: Bottleneck, xs: Pair, how: Fusion) -> Pair:
-    x, x_identity = xs
+def _bottleneck(block: Bottleneck, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
     a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
     a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), how)
-    return _end(a3, _bn(a3, t3, q3, block.bn3), _identity(block, x_identity), how)
+    return _end(a3, _bn(a3, t3, q3, block.bn3), _identity(block, x), how)
 
 
-def _basic(block: BasicBlock, xs: Pair, how: Fusion) -> Pair:
-    x, x_identity = xs
+def _basic(block: BasicBlock, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1)
     a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how)
-    return _end(a2, _bn(a2, t2, q2, block.bn2), _identity(block, x_identity), how)
+    return _end(a2, _bn(a2, t2, q2, block.bn2), _identity(block, x), how)
 
 
 class FusedResNet(torchvision.models.ResNet):
@@ -179,9 +163,8 @@ class FusedResNet(torchvision.models.ResNet):
     memory); the others read it from an elementwise pass, whose ReLU backward masks by the
     convolution output (``mask_from_input``, the default) or by the pass's output;
     ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
-    stem's BN as the others (``Fusion``; both on by default, off for the references);
-    ``block_end_kernel`` runs each block end's backward as one Triton kernel (not yet measured
-    on a GPU, so off). The rest is ``ResNet``'s arguments."""
+    stem's BN as the others (``Fusion``; both on by default, off for the references). The rest
+    is ``ResNet``'s arguments."""
 
     def __init__(
         self,
@@ -190,25 +173,16 @@ class FusedResNet(torchvision.models.ResNet):
         mask_from_input: bool = True,
         store_block_grad: bool = True,
         fuse_stem: bool = True,
-        block_end_kernel: bool = False,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
-        self.fusion = Fusion(
-            frozenset(fold), mask_from_input, store_block_grad, fuse_stem, block_end_kernel
-        )
-        # the last block's output has one reader, the pool: nothing to hand over twice
-        self.last_fusion = replace(self.fusion, block_end_kernel=False)
+        self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad, fuse_stem)
 
     def forward(self, x: Tensor) -> Tensor:
         x = _stem(self, x, self.fusion)
-        *inner, last = [
-            b for layer in (self.layer1, self.layer2, self.layer3, self.layer4) for b in layer
-        ]
-        xs = x, x
-        for block in inner:
-            xs = self.run_block(block, xs, self.fusion)
-        out, _ = self.run_block(last, xs, self.last_fusion)
-        return self.fc(torch.flatten(self.avgpool(out), 1))
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in layer:
+                x = self.run_block(block, x, self.fusion)
+        return self.fc(torch.flatten(self.avgpool(x), 1))

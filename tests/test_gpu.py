@@ -334,7 +334,6 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
 # the fused path's variants by FusedResNet's options
 FUSED_VARIANTS = {
     "fused-bn-torch": {"mask_from_input": False, "store_block_grad": False, "fuse_stem": False},
-    "fused-bn-block-end-kernel": {"block_end_kernel": True},
 }
 
 
@@ -351,7 +350,6 @@ FUSED_VARIANTS = {
         "compiled+graph+fused-bn",
         "compiled+graph+fused-bn-triton-maxpool",
         "compiled+graph+fused-bn-torch",
-        "compiled+graph+fused-bn-block-end-kernel",
         "compiled+graph+cudnn-bn",
     ],
 )
@@ -359,9 +357,8 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
-    its stem's BN run inside the Triton max-pool, with its ReLUs, block ends and stem as torch
-    computes them, and with its block ends' backward in one Triton kernel) and on cuDNN's BN
-    kernels (bf16)."""
+    its stem's BN run inside the Triton max-pool, and with its ReLUs, block ends and stem as
+    torch computes them) and on cuDNN's BN kernels (bf16)."""
     torch.backends.cudnn.benchmark = True
     base, _, extra = kind.partition("+graph+")
     if extra:
