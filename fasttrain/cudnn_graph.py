@@ -9,11 +9,13 @@ BatchNorm + add + ReLU kernels) build their graphs on these. The frontend is
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
 _handles: dict[int, Any] = {}
 
 
@@ -34,12 +36,13 @@ def handle(device: torch.device) -> Any:
 
 
 def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = None) -> None:
-    """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run),
-    time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep the fastest,
-    as ``cudnn.benchmark`` does for torch's convolutions: the heuristics' first choice was several
-    times slower than the bare convolution for some shapes. Building a plan compiles its kernel
-    (about 0.3 s each; cuDNN ranks 30-36 plans for a BN graph), hence ``limit``. Under a
-    CUDA-graph capture nothing can be timed: the heuristics' first plan that builds is kept."""
+    """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
+    and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
+    the fastest that also captures in a CUDA graph, as ``cudnn.benchmark`` does for torch's
+    convolutions: the heuristics' first choice was several times slower than the bare
+    convolution for some shapes. Building a plan compiles its kernel (about 0.3 s each; cuDNN
+    ranks 30-36 plans for a BN graph), hence ``limit``. Under a CUDA-graph capture nothing can
+    be timed: the heuristics' first plan that builds is kept."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
         return
@@ -62,12 +65,35 @@ def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = N
             end.synchronize()
         except Exception:  # a plan that builds but does not run: the next
             continue
+        if not _captures(run, workspace):  # the step replays it from a CUDA graph
+            log.debug(
+                "cuDNN plan %d of %d runs but does not capture",
+                index,
+                graph.get_execution_plan_count(),
+            )
+            continue
         tried += 1
         if start.elapsed_time(end) < best_ms:
             best, best_ms = index, start.elapsed_time(end)
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
+
+
+def _captures(run: Callable[[int], None], workspace: int) -> bool:
+    """Whether one execution captures in a CUDA graph. Some engines cuDNN ranks run eagerly but
+    fail under capture (the whole capture is then invalid), and the trainer replays its step,
+    these launches included, from a CUDA graph. Thread-local, so other threads' CUDA work (DALI's)
+    goes on meanwhile; the throwaway graph's memory goes back to torch's pool."""
+    captured = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+            run(workspace)
+    except Exception:
+        return False
+    finally:
+        del captured
+    return True
 
 
 def execute(graph: Any, binds: dict, workspace_bytes: int, device: torch.device) -> None:
