@@ -55,7 +55,7 @@ def _prologue(x: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
     out = torch.relu(x.to(_acc(x)) * _per_channel(scale) + _per_channel(bias))
     # not out.to(x.dtype) when the dtypes match: that returns ``out`` itself, and torch 2.11's
     # dynamo then zeroes the input gradient of the autograd.Function (``_AffineReLU``) whose
-    # forward returns it; fp32 and fp64 models (the tests, CPU runs) would train on zeros
+    # forward returns it; fp32 and fp64 models (the tests, CPU runs) lost that gradient
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
