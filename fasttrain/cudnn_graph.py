@@ -84,15 +84,13 @@ def _captures(run: Callable[[int], None], workspace: int) -> bool:
     """Whether one execution captures in a CUDA graph. Some engines cuDNN ranks run eagerly but
     fail under capture (the whole capture is then invalid), and the trainer replays its step,
     these launches included, from a CUDA graph. Thread-local, so other threads' CUDA work (DALI's)
-    goes on meanwhile; the throwaway graph's memory goes back to torch's pool."""
+    goes on meanwhile."""
     captured = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(captured, capture_error_mode="thread_local"):
             run(workspace)
     except Exception:
         return False
-    finally:
-        del captured
     return True
 
 
