@@ -136,7 +136,8 @@ def test_maxpool(benchmark, impl, monkeypatch):
     grad = grad.to(memory_format=cl)
     if impl.startswith("triton"):
         tile = tuple(int(v) for v in impl.split()[1].split("x"))
-        monkeypatch.setattr(maxpool, "TILE", tile)
+        monkeypatch.setattr(maxpool, "TILE_FWD", tile)
+        monkeypatch.setattr(maxpool, "TILE_BWD", tile)
         fn = lambda t: maxpool.max_pool2d(t, 3, 2, 1)  # noqa: E731
     elif impl == "torch compiled":
         fn = torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1), dynamic=False)

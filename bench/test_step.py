@@ -3,10 +3,11 @@ with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
 auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
-convolutions, with its ReLU gradient masked by the normalise pass's input or output, and with
-or without each block end's masked gradient stored once and its stem's BN run as the others. A
-round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
-there). img/s and peak memory in ``extra_info``.
+convolutions, with its ReLU gradient masked by the normalise pass's input or output, with or
+without each block end's masked gradient stored once and its stem's BN run as the others, and
+with its stem's image padded to 4 channels or not. A round is 25 steps ending in a device sync,
+after 30 warm-up steps (compile and capture happen there). img/s and peak memory in
+``extra_info``.
 
 Then what each recipe piece costs in the compiled, graphed bf16 step at batch 256 (EMA,
 mixup/CutMix, random erasing, gradient clipping, LARS, and torchvision's v2 pieces together),
@@ -133,6 +134,15 @@ def test_fused_bn_leaner_backward(benchmark, options, monkeypatch):
     with both (the default) and with neither: less traffic in ``bench/traffic.py``'s count, and
     what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", **LEANER[options])
+
+
+@pytest.mark.benchmark(group="fused-bn stem channels")
+@pytest.mark.parametrize("stem", ["3 channels", "padded to 4 (the default)"])
+def test_fused_bn_stem_channels(benchmark, stem, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) with the stem's
+    convolution reading the 3-channel image as it is, or padded with a zero channel to 4
+    (``FusedResNet(pad_stem=...)``): what the default was chosen by."""
+    time_fused_variant(benchmark, monkeypatch, "maxpool", pad_stem=stem.startswith("padded"))
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

@@ -22,8 +22,10 @@ applied with the residual add and the ReLU, in one elementwise pass, whose maske
 stored once for its three readers (``residual_relu``). The stem's 3-channel convolution is one
 cuDNN's fusion declines to sum for, so its statistics come from one reduction over its output,
 and its normalise + ReLU is the other BNs' pass, or happens inside fasttrain's Triton max-pool
-where the model runs it. ``FusedResNet(store_block_grad=False, fuse_stem=False)`` is the block
-end and the stem as torch computes them (the references they are measured against).
+where the model runs it. That convolution reads its 3-channel image padded with a zero channel
+to 4 (``pad_stem``): the same output, from cuDNN's faster 4-channel kernels.
+``FusedResNet(store_block_grad=False, fuse_stem=False, pad_stem=False)`` is the block end and the
+stem as torch computes them (the references they are measured against).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
@@ -62,6 +65,11 @@ ALL = frozenset({1, 3})  # the kernel sizes of every convolution that reads a BN
 # tensor, which the compiled backward keeps or recomputes as inductor's partitioner chooses).
 # Folding it in still saves memory (the normalised activations are never stored).
 FOLD = frozenset()
+# What the stem's convolution pads its image's channels to: cuDNN's channels_last fp16 kernels for
+# 4 input channels run its forward and weight gradient in 0.40 ms each at batch 256 on an H200,
+# against 0.56 ms for 3 (8 channels, or the image rearranged to 12 channels at half the size,
+# were slower still: docs/DESIGN.md)
+STEM_CHANNELS = 4
 
 
 Prologue = tuple[Tensor, Tensor]  # a BN's per-channel scale and bias, from ``bn_finalize``
@@ -78,12 +86,15 @@ class Fusion:
     instead of leaving inductor to recompute it in each (3.5% faster steps). With ``fuse_stem``
     (the default), the stem's BN runs as the others that no convolution sums for: its
     statistics by one reduction, its normalise + ReLU as the pass above or inside the Triton
-    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``)."""
+    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``). With ``pad_stem``
+    (the default), the stem's convolution reads its image with zero channels added up to
+    ``STEM_CHANNELS``, and its weights likewise (``_stem_conv``)."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
     store_block_grad: bool = True
     fuse_stem: bool = True
+    pad_stem: bool = True
 
 
 def _conv(
@@ -115,8 +126,8 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
     in the 3-channel convolution) and its normalise + ReLU as the other BNs' pass, or inside
     fasttrain's Triton max-pool where the model runs it (``affine_relu_max_pool2d``)."""
     if not how.fuse_stem:
-        return model.maxpool(model.relu(model.bn1(model.conv1(x))))
-    y = model.conv1(x)
+        return model.maxpool(model.relu(model.bn1(_stem_conv(model.conv1, x, how))))
+    y = _stem_conv(model.conv1, x, how)
     prologue = _bn(y, *sums(y), model.bn1)
     pool = model.maxpool
     # fasttrain's Triton max-pool (triton_maxpool): its module is loaded wherever one exists, and
@@ -126,6 +137,19 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
         return affine_relu_max_pool2d(y, *prologue, pool.kernel_size, pool.stride, pool.padding)
     relu = affine_relu if how.mask_from_input else _relu_of_affine
     return pool(relu(y, *prologue))
+
+
+def _stem_conv(conv: nn.Conv2d, x: Tensor, how: Fusion) -> Tensor:
+    """``conv(x)``; with ``how.pad_stem``, an image of fewer than ``STEM_CHANNELS`` channels and
+    the weights are padded with zero channels up to it first. The zeros add nothing to the
+    output, and the padded weights' gradient is the weights' own plus zeros that the padding's
+    backward drops: the same values, from cuDNN's faster kernels (``STEM_CHANNELS``)."""
+    missing = STEM_CHANNELS - x.shape[1]
+    if not how.pad_stem or missing <= 0:
+        return conv(x)
+    w = F.pad(conv.weight, (0, 0, 0, 0, 0, missing))
+    x = F.pad(x, (0, 0, 0, 0, 0, missing))
+    return F.conv2d(x, w, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 def _identity(block: BasicBlock | Bottleneck, x: Tensor) -> Tensor:
@@ -163,8 +187,9 @@ class FusedResNet(torchvision.models.ResNet):
     memory); the others read it from an elementwise pass, whose ReLU backward masks by the
     convolution output (``mask_from_input``, the default) or by the pass's output;
     ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
-    stem's BN as the others (``Fusion``; both on by default, off for the references). The rest
-    is ``ResNet``'s arguments."""
+    stem's BN as the others; ``pad_stem`` pads the stem's image to ``STEM_CHANNELS`` channels
+    (``Fusion``; all on by default, off for the references). The rest is ``ResNet``'s
+    arguments."""
 
     def __init__(
         self,
@@ -173,12 +198,15 @@ class FusedResNet(torchvision.models.ResNet):
         mask_from_input: bool = True,
         store_block_grad: bool = True,
         fuse_stem: bool = True,
+        pad_stem: bool = True,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
-        self.fusion = Fusion(frozenset(fold), mask_from_input, store_block_grad, fuse_stem)
+        self.fusion = Fusion(
+            frozenset(fold), mask_from_input, store_block_grad, fuse_stem, pad_stem
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         x = _stem(self, x, self.fusion)

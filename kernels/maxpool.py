@@ -23,7 +23,10 @@ import triton
 import triton.language as tl
 from torch import nn
 
-TILE = (64, 64, 4)  # pixels, channels, warps: the fastest of bench/test_kernels.py's sweep
+# pixels, channels, warps of a program, forward and backward: the fastest of bench/test_kernels.py's
+# sweep
+TILE_FWD = (64, 64, 4)
+TILE_BWD = (64, 64, 4)
 
 
 @triton.jit
@@ -149,7 +152,7 @@ def _launch_fwd(
     n, c, h, w = x.shape
     out, offsets = _pool_outputs(x, kernel, stride, padding)
     oh, ow = out.shape[2:]
-    bp, bc, warps = TILE
+    bp, bc, warps = TILE_FWD
     grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     affine = scale is not None
     _pool_fwd[grid](
@@ -201,7 +204,7 @@ def pool_backward(
 ) -> torch.Tensor:
     n, c, oh, ow = grad.shape
     dx = _like(grad, (n, c, height, width), channels_last)
-    bp, bc, warps = TILE
+    bp, bc, warps = TILE_BWD
     grid = (triton.cdiv(n * height * width, bp), triton.cdiv(c, bc))
     _pool_bwd[grid](
         grad, offsets, dx, n * height * width, c, height, width, oh, ow,

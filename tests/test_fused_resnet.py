@@ -17,28 +17,30 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize(
-    "arch, fold, mask_from_input, store_block_grad, fuse_stem",
+    "arch, fold, mask_from_input, store_block_grad, fuse_stem, pad_stem",
     [
-        ("resnet18", {1, 3}, False, False, False),
-        ("resnet50", {1, 3}, False, False, False),
-        ("resnet50", {3}, False, False, False),
-        ("resnet50", (), False, False, False),
-        ("resnet18", (), True, False, False),
-        ("resnet50", (), True, False, False),
-        ("resnet18", (), True, True, False),
-        ("resnet50", (), True, True, False),
-        ("resnet18", (), False, False, True),
-        ("resnet50", (), True, True, True),
+        ("resnet18", {1, 3}, False, False, False, False),
+        ("resnet50", {1, 3}, False, False, False, False),
+        ("resnet50", {3}, False, False, False, False),
+        ("resnet50", (), False, False, False, False),
+        ("resnet18", (), True, False, False, False),
+        ("resnet50", (), True, False, False, False),
+        ("resnet18", (), True, True, False, False),
+        ("resnet50", (), True, True, False, False),
+        ("resnet18", (), False, False, True, False),
+        ("resnet50", (), True, True, True, False),
+        ("resnet18", (), False, False, False, True),
+        ("resnet50", (), True, True, True, True),
     ],
 )
 def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
-    arch, fold, mask_from_input, store_block_grad, fuse_stem
+    arch, fold, mask_from_input, store_block_grad, fuse_stem, pad_stem
 ):
     """The same weights, state dict, logits, gradients and running statistics as torchvision's
     ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
     elementwise pass each, its ReLU's gradient masked by its output or by its input), with
-    each block end's masked gradient stored once, and with the stem as torchvision's or its BN
-    run as the others."""
+    each block end's masked gradient stored once, with the stem as torchvision's or its BN
+    run as the others, and with the stem's image and weights padded to 4 channels or not."""
     assert_matches_torchvision(
         arch,
         lambda arch, **kw: FusedResNet(
@@ -47,9 +49,32 @@ def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
             mask_from_input=mask_from_input,
             store_block_grad=store_block_grad,
             fuse_stem=fuse_stem,
+            pad_stem=pad_stem,
             **kw,
         ),
     )
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_the_padded_stem_convolution_is_the_convolution(channels):
+    """``_stem_conv`` pads an image of fewer than 4 channels and the weights with zero channels:
+    the same output (channels_last kept) and the same weight and bias gradients as the
+    convolution itself, fp64; an image of 4 channels is left as it is."""
+    from fasttrain.fused_resnet import Fusion, _stem_conv
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(channels, 8, 7, 2, 3, bias=True).double()
+    conv = conv.to(memory_format=torch.channels_last)
+    x = randn_nhwc(2, channels, 20, 20, dtype=torch.float64)
+    got = _stem_conv(conv, x, Fusion(pad_stem=True))
+    got_grads = torch.autograd.grad(got.square().sum(), (conv.weight, conv.bias))
+    want = conv(x)
+    want_grads = torch.autograd.grad(want.square().sum(), (conv.weight, conv.bias))
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
 
 
 def test_a_fused_checkpoint_loads_into_torchvision_and_back():
@@ -69,11 +94,11 @@ def test_a_fused_checkpoint_loads_into_torchvision_and_back():
 
 
 @pytest.mark.parametrize(
-    "mask_from_input, store_block_grad, fuse_stem",
-    [(False, False, False), (True, False, False), (True, True, True)],
+    "mask_from_input, store_block_grad, fuse_stem, pad_stem",
+    [(False, False, False, False), (True, False, False, False), (True, True, True, True)],
 )
 def test_the_fused_forward_traces_without_graph_breaks(
-    mask_from_input, store_block_grad, fuse_stem
+    mask_from_input, store_block_grad, fuse_stem, pad_stem
 ):
     model = FusedResNet(
         "resnet18",
@@ -81,6 +106,7 @@ def test_the_fused_forward_traces_without_graph_breaks(
         mask_from_input=mask_from_input,
         store_block_grad=store_block_grad,
         fuse_stem=fuse_stem,
+        pad_stem=pad_stem,
     )
     model = model.to(memory_format=torch.channels_last)
     explained = torch._dynamo.explain(model)(randn_nhwc(2, 3, 32, 32, dtype=torch.float32))
