@@ -13,6 +13,7 @@ from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.distributed import DistState
 from fasttrain.metrics import DeviceMeter
 from fasttrain.plan import Plan
+from fasttrain.runtime import configure_backends
 
 
 def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, Any]:
@@ -43,11 +44,12 @@ def make_step(
 ) -> tuple[Callable[[], None], Any, DeviceMeter]:
     """One step variant ('eager', 'compiled', 'eager+graph', 'compiled+graph') as the trainer
     builds it (``builder.build_training``: the sample recipe's optimizer and loss, channels_last,
-    compile mode default) on synthetic data, in ``amp`` (bf16 or fp16), with the
-    ``--triton-kernels`` named and optionally ``--fused-bn`` or ``--cudnn-bn``: a no-argument
-    call that trains one step, the step, and its meter. ``overrides``: other settings by config
-    key, e.g. ``{"train.model_ema": True}``."""
+    compile mode default; the trainer's backends: cuDNN autotuning, TF32) on synthetic data, in
+    ``amp`` (bf16 or fp16), with the ``--triton-kernels`` named and optionally ``--fused-bn`` or
+    ``--cudnn-bn``: a no-argument call that trains one step, the step, and its meter.
+    ``overrides``: other settings by config key, e.g. ``{"train.model_ema": True}``."""
     dev = torch.device("cuda")
+    configure_backends(dev)  # as the trainer's set-up does: cuDNN picks each convolution by timing
     torch.manual_seed(0)
     cfg = Config()
     cfg.model.arch, cfg.data.image_size, cfg.model.fused_bn = arch, image_size, fused_bn
