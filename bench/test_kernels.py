@@ -5,7 +5,8 @@
 - SGD: one update of ResNet-50's parameter set, against torch's foreach and fused SGD;
 - cross-entropy with label smoothing, forward + backward, batch 256 x 1000 classes;
 - max-pool 3x3/2 of ResNet-50's stem (256 x 64 x 112 x 112 bf16 channels_last), forward +
-  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles.
+  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles;
+- the same pool of ``relu(x * scale + bias)`` (the fused path's stem, fp16), forward, by tile.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
 the GPU, less than the host takes to launch it from Python on a busy machine, and the target
@@ -155,3 +156,41 @@ def test_maxpool(benchmark, impl, monkeypatch):
     benchmark.extra_info["GB_per_s"] = (
         (2 * n_in + 2 * n_out + n_out) + (2 * n_out + n_out + 2 * n_in)
     ) / (benchmark.extra_info["us_per_call"] * 1e3)
+
+
+AFFINE_TILES = [(p, 64, w) for p in (32, 64, 128, 256) for w in (4, 8)]
+
+
+@pytest.mark.benchmark(group="kernels: max-pool of relu(x * scale + bias), forward")
+@pytest.mark.parametrize(
+    "impl", [f"triton {p}x{c}x{w}" for p, c, w in AFFINE_TILES] + ["torch compiled"]
+)
+def test_affine_maxpool_forward(benchmark, impl, monkeypatch):
+    """The fused path's stem: the max-pool of its BN's normalise + ReLU, fp16 at batch 256, by
+    the Triton forward (each tile: ``TILE_AFFINE_FWD`` was chosen here) or by inductor compiling
+    the same function (which writes no argmax; its backward recomputes it)."""
+    import torch.nn.functional as F
+    from fasttrain.kernels import maxpool
+
+    cl = torch.channels_last
+    x = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.float16).to(memory_format=cl)
+    scale = torch.rand(64, device="cuda") + 0.5
+    bias = torch.randn(64, device="cuda") * 0.1
+    if impl.startswith("triton"):
+        tile = tuple(int(v) for v in impl.split()[1].split("x"))
+        monkeypatch.setattr(maxpool, "TILE_AFFINE_FWD", tile)
+
+        def fn():
+            return maxpool.affine_relu_pool(x, scale, bias, 3, 2, 1)
+    else:
+        pool = torch.compile(
+            lambda t, s, b: F.max_pool2d(torch.relu(t * s.view(1, -1, 1, 1) + b.view(1, -1, 1, 1))
+                                         .to(t.dtype), 3, 2, 1),
+            dynamic=False,
+        )  # fmt: skip
+
+        def fn():
+            return pool(x, scale, bias)
+
+    # the least it moves: the input read, the output and the int8 argmax written
+    run(benchmark, fn, bytes_moved=2 * x.numel() + 3 * x.numel() // 4)

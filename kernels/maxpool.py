@@ -24,9 +24,13 @@ import triton.language as tl
 from torch import nn
 
 # pixels, channels, warps of a program, forward and backward: the fastest of bench/test_kernels.py's
-# sweep
+# sweep (bf16, 256 x 64 x 112 x 112)
 TILE_FWD = (64, 64, 4)
 TILE_BWD = (64, 64, 4)
+# the forward that applies the affine + ReLU as it reads (the fused path's stem, fp16), whose
+# arithmetic per value wants more warps: 0.40 ms against 0.59 with TILE_FWD on an H200, the fastest
+# of eight tiles (those bench/test_kernels.py's test_affine_maxpool_forward times)
+TILE_AFFINE_FWD = (32, 64, 8)
 
 
 @triton.jit
@@ -152,9 +156,9 @@ def _launch_fwd(
     n, c, h, w = x.shape
     out, offsets = _pool_outputs(x, kernel, stride, padding)
     oh, ow = out.shape[2:]
-    bp, bc, warps = TILE_FWD
-    grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     affine = scale is not None
+    bp, bc, warps = TILE_AFFINE_FWD if affine else TILE_FWD
+    grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     _pool_fwd[grid](
         x, out, offsets, scale if affine else x, bias if affine else x,
         n * oh * ow, c, h, w, oh, ow, *x.stride(), *out.stride(),
