@@ -333,7 +333,12 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
 
 # the fused path's variants by FusedResNet's options
 FUSED_VARIANTS = {
-    "fused-bn-torch": {"mask_from_input": False, "store_block_grad": False, "fuse_stem": False},
+    "fused-bn-torch": {
+        "mask_from_input": False,
+        "store_block_grad": False,
+        "fuse_stem": False,
+        "pad_stem": False,
+    },
 }
 
 
