@@ -27,7 +27,13 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
   (``store_block_grad``, ``conv_bn.residual_relu``);
 - ``stem``: ``mask`` with the stem's BN run as the others (``fuse_stem``: statistics by one
   reduction, normalise + ReLU masked by its input);
-- ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``mask`` with both.
+- ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``mask`` with both (the stem unpadded:
+  below).
+
+Every fused path leaves the stem's image unpadded (``pad_stem=False``; ``--fused-bn`` pads it to
+4 channels): the padding is one more pass over the image in inductor's kernels, made for a faster
+cuDNN convolution, which this count does not see; with it the count would compare the stem's
+layout, not the BN passes.
 
 On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
 a few thresholds (when a reused expression is stored rather than recomputed);
@@ -73,6 +79,7 @@ def build(arch: str, path: str) -> nn.Module:
         mask_from_input=path != "fused-relu",
         store_block_grad=path in ("stored", "fused"),
         fuse_stem=path in ("stem", "fused"),
+        pad_stem=False,  # module notes
     )
 
 
