@@ -158,6 +158,47 @@ def test_kernel_split_classifies_a_traces_kernels_per_step(tmp_path, monkeypatch
     assert "| inductor / Triton | 2.00 | 50.0% |" in text
 
 
+def test_kernel_split_leaves_out_kernels_launched_before_the_profiled_steps():
+    """The host runs ahead of the GPU: a graphed step's trace also records the replay launched
+    before profiling began, still running. Counted, it inflated every per-step figure by a third
+    (four replays' kernels divided by three steps)."""
+
+    def launch(corr, ts):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": 5,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    def kernel(name, corr, ts, us):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": us,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    def step(n, ts):
+        return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts,
+                "dur": 100}  # fmt: skip
+
+    trace = {
+        "traceEvents": [
+            launch(7, 50),  # the replay before profiling began (its launch may be missing too)
+            step(2, 200),
+            launch(8, 210),
+            step(3, 300),
+            launch(9, 310),
+            kernel("triton_poi_fused_add_relu_1", 7, 400, 1000),
+            kernel("triton_poi_fused_add_relu_1", 6, 1400, 1000),  # launched before the trace
+            kernel("triton_poi_fused_add_relu_1", 8, 2400, 1000),
+            kernel("sm90_xmma_fprop_implicit_gemm", 8, 3400, 2000),
+            kernel("triton_poi_fused_add_relu_1", 9, 5400, 1000),
+            kernel("sm90_xmma_fprop_implicit_gemm", 9, 6400, 2000),
+        ]
+    }
+    steps, by_class, by_name = kernel_split.split(trace)
+    assert steps == 2
+    assert by_class == {"inductor / Triton": 2.0, "convolution (cuDNN)": 4.0}
+    assert by_name["triton_poi_fused_add_relu_1"] == 2.0
+    for e in trace["traceEvents"]:  # without correlation ids every kernel counts
+        e.pop("args", None)
+    assert kernel_split.split(trace)[1] == {"inductor / Triton": 4.0, "convolution (cuDNN)": 4.0}
+
+
 def test_e2e_makes_the_paths_it_hands_the_trainer_absolute(tmp_path, monkeypatch):
     """Runs start in their output directory: a recipe named relative to the caller's would not
     be found there."""
