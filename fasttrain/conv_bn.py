@@ -289,11 +289,11 @@ class _AffineReLUMaxPool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        from fasttrain.kernels.maxpool import pool_backward
+        from fasttrain.kernels.maxpool import gather_grad
 
         y, scale, bias, offsets = ctx.saved_tensors
         channels_last = memory_format_of(y) == torch.channels_last
-        ga = pool_backward(grad, offsets, y.shape[2], y.shape[3], channels_last, *ctx.pool)
+        ga = gather_grad(grad, offsets, y.shape[2], y.shape[3], channels_last, *ctx.pool)
         return *_prologue_backward(ga, y, scale, bias), None, None, None
 
 

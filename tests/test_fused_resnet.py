@@ -119,7 +119,10 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
     applies the stem's normalise + ReLU inside it, with the logits, gradients and running
     statistics of the same model on torch's max-pool (fp32; TF32 convolutions off on a GPU,
     whose rounding of each input would magnify the pool's one-ulp differences); both compiled
-    into one graph, the same."""
+    into one graph, the same. The pool's backward kernel reads its gradient channels_last, as
+    its tiles need for coalesced loads: compiled, inductor handed it the contiguous layout until
+    the backward asked for channels_last."""
+    from fasttrain.kernels import maxpool
     from fasttrain.kernels.maxpool import MaxPool2d
 
     import fasttrain.fused_resnet as fused_resnet
@@ -132,6 +135,13 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
         return m.to(DEV, memory_format=torch.channels_last)
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    launch, grads = maxpool._pool_bwd, []
+
+    class Spy:  # the backward kernel's launches, with the gradient each read
+        def __getitem__(self, grid):
+            return lambda g, *a, **k: grads.append(g) or launch[grid](g, *a, **k)
+
+    monkeypatch.setattr(maxpool, "_pool_bwd", Spy())
     calls = []
     pool = fused_resnet.affine_relu_max_pool2d
     monkeypatch.setattr(
@@ -149,6 +159,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
     out.sum().backward()
     out_ref.sum().backward()
+    assert len(grads) == 1 and grads[0].is_contiguous(memory_format=torch.channels_last)
     for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(
             p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
