@@ -2,12 +2,12 @@
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
-auto``, and ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the
-convolutions, with its ReLU gradient masked by the normalise pass's input or output, with or
-without each block end's masked gradient stored once and its stem's BN run as the others, and
-with its stem's image padded to 4 channels or not. A round is 25 steps ending in a device sync,
-after 30 warm-up steps (compile and capture happen there). img/s and peak memory in
-``extra_info``.
+auto``, ``--fused-bn`` with cuDNN's autotuning timing 10 or every plan per convolution, and
+``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions, with
+its ReLU gradient masked by the normalise pass's input or output, with or without each block
+end's masked gradient stored once and its stem's BN run as the others, and with its stem's image
+padded to 4 channels or not. A round is 25 steps ending in a device sync, after 30 warm-up steps
+(compile and capture happen there). img/s and peak memory in ``extra_info``.
 
 Then what each recipe piece costs in the compiled, graphed bf16 step at batch 256 (EMA,
 mixup/CutMix, random erasing, gradient clipping, LARS, and torchvision's v2 pieces together),
@@ -66,12 +66,35 @@ def test_step_path(benchmark, path, batch):
 @pytest.mark.parametrize("path", ["bf16", "fp16 fused-bn"])
 def test_step_path_tuned(benchmark, path):
     """The default bf16 step and the fp16 --fused-bn one at batch 256 under --compile-mode auto
-    (default plus inductor's coordinate-descent tuning): minutes of tuning per path on a first
-    start, cached for later ones."""
+    (default plus inductor's coordinate-descent tuning) on the Triton max-pool, as the trainer's
+    auto settings run them on a GPU: minutes of tuning per path on a first start, cached for
+    later ones."""
     torch.cuda.reset_peak_memory_stats()
     amp, fused = path.split()[0], path.endswith("fused-bn")
     tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS}  # what auto resolves to
-    one, step, _ = make_step("compiled+graph", BATCH, amp=amp, fused_bn=fused, overrides=tuned)
+    one, step, _ = make_step(
+        "compiled+graph", BATCH, amp=amp, fused_bn=fused, kernels="maxpool", overrides=tuned
+    )
+    time_step(benchmark, one, step, BATCH)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+@pytest.mark.benchmark(group="cuDNN plans timed per convolution")
+@pytest.mark.parametrize("limit", [10, 0], ids=["10 (torch's default)", "every plan"])
+def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 on the Triton max-pool with cuDNN's autotuning
+    timing the first 10 plans its heuristics rank for each of torch's own convolutions (torch's
+    ``cudnn.benchmark_limit``) or every plan (0): whether a longer search finds faster kernels
+    for the bare convolutions (the backward's, the stem's). Start-up time in ``extra_info``."""
+    import time
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark_limit", limit)
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool")
+    one()
+    torch.cuda.synchronize()
+    benchmark.extra_info["first_step_s"] = time.perf_counter() - start
     time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
