@@ -293,7 +293,7 @@ class _AffineReLUMaxPool(torch.autograd.Function):
 
         y, scale, bias, offsets = ctx.saved_tensors
         channels_last = memory_format_of(y) == torch.channels_last
-        ga = gather_grad(grad, offsets, y.shape[2], y.shape[3], channels_last, *ctx.pool)
+        ga = gather_grad(grad, offsets, channels_last, y.shape[2:], ctx.pool)
         return *_prologue_backward(ga, y, scale, bias), None, None, None
 
 
