@@ -18,11 +18,12 @@ nearly 4 steps of kernels. A trace without correlation ids counts every kernel.
 from __future__ import annotations
 
 import argparse
-import bisect
 import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
+
+from fasttrain.breakdown import window_of
 
 # (class, substrings of a kernel's lower-cased name), first match wins
 CLASSES = (
@@ -96,13 +97,8 @@ def _launched_in_steps(events: list[dict], annotations: list[dict]) -> set | Non
     }
     if not windows or not any(_correlation(e) in launched for e in events if e.get("cat") in gpu):
         return None
-    starts = [lo for lo, _ in windows]
-    inside = set()
-    for corr, at in launched.items():
-        i = bisect.bisect_right(starts, at) - 1
-        if i >= 0 and at <= windows[i][1]:
-            inside.add(corr)
-    return inside
+    starts, ends = [lo for lo, _ in windows], [hi for _, hi in windows]
+    return {corr for corr, at in launched.items() if window_of(starts, ends, at) is not None}
 
 
 def main() -> None:

@@ -189,21 +189,26 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     return out
 
 
+def window_of(starts: list[float], ends: list[float], at: float) -> int | None:
+    """The index of the host window (sorted, disjoint: ``starts[i]`` to ``ends[i]``) in which a
+    launch at ``at`` happened, or None: how a kernel is tied to the step that launched it."""
+    i = bisect.bisect_right(starts, at) - 1
+    return i if i >= 0 and at < ends[i] else None
+
+
 def _gpu_windows(
     windows: list[tuple[int, float, float]],
     gpu_events: list[tuple[float, Any]],
     launched_at: dict[Any, float],
 ) -> list[tuple[float, float]]:
     """Each host step window's GPU window (see the module docstring), in the same order."""
-    starts = [lo for _, lo, _ in windows]
+    starts, ends = [lo for _, lo, _ in windows], [hi for _, _, hi in windows]
     last_end: dict[int, float] = {}  # window index -> end of its latest GPU work
     for end, corr in gpu_events:
         at = launched_at.get(corr) if corr is not None else None
-        if at is None:
-            continue
-        i = bisect.bisect_right(starts, at) - 1
-        if i < 0 or at >= windows[i][2]:
-            continue  # launched outside every step
+        i = window_of(starts, ends, at) if at is not None else None
+        if i is None:
+            continue  # not tied to a launch, or launched outside every step
         last_end[i] = max(last_end.get(i, -math.inf), end)
     if not last_end:  # a CPU run, or no correlation ids: the host's windows
         return [(lo, hi) for _, lo, hi in windows]
