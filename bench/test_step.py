@@ -5,9 +5,10 @@ precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn`
 auto``, ``--fused-bn`` with cuDNN's autotuning timing 10 or every plan per convolution, and
 ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions, with
 its ReLU gradient masked by the normalise pass's input or output, with or without each block
-end's masked gradient stored once and its stem's BN run as the others, and with its stem's image
-padded to 4 channels or not. A round is 25 steps ending in a device sync, after 30 warm-up steps
-(compile and capture happen there). img/s and peak memory in ``extra_info``.
+end's masked gradient stored once and its stem's BN run as the others, with its stem's image
+padded to 4 channels or not, and with its weights cast to fp16 once or again in the backward. A
+round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
+there). img/s and peak memory in ``extra_info``.
 
 Then what each recipe piece costs in the compiled, graphed bf16 step at batch 256 (EMA,
 mixup/CutMix, random erasing, gradient clipping, LARS, and torchvision's v2 pieces together),
@@ -166,6 +167,15 @@ def test_fused_bn_stem_channels(benchmark, stem, monkeypatch):
     convolution reading the 3-channel image as it is, or padded with a zero channel to 4
     (``FusedResNet(pad_stem=...)``): what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", pad_stem=stem.startswith("padded"))
+
+
+@pytest.mark.benchmark(group="fused-bn weight casts")
+@pytest.mark.parametrize("cast", ["once, kept (the default)", "again in the backward"])
+def test_fused_bn_weight_cast(benchmark, cast, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) with each convolution's
+    fp32 weight cast to fp16 once and the cast kept for the backward (``cast_once``), or cast
+    inside ``conv_bn`` and again in the compiled backward: what the default was chosen by."""
+    time_fused_variant(benchmark, monkeypatch, "maxpool", cast_once=cast.startswith("once"))
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

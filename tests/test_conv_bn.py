@@ -10,7 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasttrain.conv_bn import affine, affine_relu, bn_finalize, conv_bn, residual_relu, stored
+from fasttrain.conv_bn import (
+    affine,
+    affine_relu,
+    bn_finalize,
+    cast_weight,
+    conv_bn,
+    residual_relu,
+    stored,
+)
 from tests.conftest import randn_nhwc
 
 # the Triton max-pool's tests run on the GPU where there is one, else interpreted on the CPU
@@ -51,6 +59,19 @@ def test_conv_bn_is_a_well_formed_custom_op():
     bias = torch.randn(4, requires_grad=True)
     torch.library.opcheck(conv_bn, (x, w, scale, bias, 1, 1))
     torch.library.opcheck(conv_bn, (x, w, None, None, 2, 1))
+
+
+def test_cast_weight_is_a_well_formed_custom_op_with_the_casts_gradient():
+    """``cast_weight`` passes torch.library's checks; its value is the cast, its gradient the
+    incoming one cast back to the weight's dtype."""
+    w = randn_nhwc(6, 4, 3, 3, dtype=torch.float32).requires_grad_()
+    torch.library.opcheck(cast_weight, (w, torch.float16))
+    half = cast_weight(w, torch.float16)
+    assert half.dtype == torch.float16 and half.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(half, w.to(torch.float16))
+    g = randn_nhwc(6, 4, 3, 3, seed=1, dtype=torch.float16)
+    (got,) = torch.autograd.grad(half, w, g)
+    assert got.dtype == torch.float32 and torch.equal(got, g.float())
 
 
 def _reference_chain(conv1, bn1, conv2, bn2, x):

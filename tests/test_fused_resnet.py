@@ -167,6 +167,64 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
     torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
 
 
+def _backward_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    """The backward graph AOTAutograd partitions ``model``'s forward + backward into, as it does
+    for inductor (``min_cut_rematerialization_partition``), run eagerly; fp16 autocast."""
+    import functools
+
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def backend(gm, inputs):
+        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        return aot_module_simplified(
+            gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition
+        )
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    out.float().sum().backward()
+    return graphs["bw"]
+
+
+@pytest.mark.parametrize("cast_once", [True, False])
+def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward(cast_once):
+    """In fp16 with fp32 weights, ``cast_once`` keeps each convolution's cast from the forward
+    for the backward, whose graph then casts no weight to fp16 again; the reference (the cast
+    inside ``conv_bn``) casts each of the 19 that ``conv_bn`` runs (all but the stem's) again
+    there. The gradients are the same both ways."""
+    grads = []
+    for once in (cast_once, not cast_once):
+        torch.manual_seed(0)
+        model = FusedResNet("resnet18", num_classes=4, cast_once=once)
+        model = model.to(memory_format=torch.channels_last)
+        bw = _backward_graph(model, randn_nhwc(2, 3, 32, 32, dtype=torch.float16))
+        recasts = [  # fp32 4-D inputs of the backward (the weights) cast to fp16 there
+            n
+            for n in bw.graph.nodes
+            if n.op == "call_function"
+            and any(name in str(n.target) for name in ("convert_element_type", "_to_copy"))
+            and n.meta["val"].dtype == torch.float16
+            and n.meta["val"].dim() == 4
+            and n.args[0].op == "placeholder"
+            and n.args[0].meta["val"].dtype == torch.float32
+        ]
+        if once == cast_once:
+            assert len(recasts) == (0 if cast_once else 19)
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_the_fused_model_needs_no_triton():
     """A CPU-only torch has no Triton: the fused model trains without importing it (its stem asks
     for fasttrain's Triton max-pool only where one exists). Fails if the stem imports it."""
