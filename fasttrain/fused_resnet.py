@@ -199,8 +199,7 @@ class FusedResNet(torchvision.models.ResNet):
     ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
     stem's BN as the others; ``pad_stem`` pads the stem's image to ``STEM_CHANNELS`` channels;
     ``cast_once`` keeps each weight's cast for the backward (``Fusion``; all on by default, off
-    for the references). The rest is ``ResNet``'s
-    arguments."""
+    for the references). The rest is ``ResNet``'s arguments."""
 
     def __init__(
         self,
