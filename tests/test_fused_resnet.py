@@ -196,19 +196,18 @@ def _backward_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphMo
     return graphs["bw"]
 
 
-@pytest.mark.parametrize("cast_once", [True, False])
-def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward(cast_once):
+def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward():
     """In fp16 with fp32 weights, ``cast_once`` keeps each convolution's cast from the forward
     for the backward, whose graph then casts no weight to fp16 again; the reference (the cast
     inside ``conv_bn``) casts each of the 19 that ``conv_bn`` runs (all but the stem's) again
     there. The gradients are the same both ways."""
-    grads = []
-    for once in (cast_once, not cast_once):
+    recasts, grads = {}, {}
+    for once in (True, False):
         torch.manual_seed(0)
         model = FusedResNet("resnet18", num_classes=4, cast_once=once)
         model = model.to(memory_format=torch.channels_last)
         bw = _backward_graph(model, randn_nhwc(2, 3, 32, 32, dtype=torch.float16))
-        recasts = [  # fp32 4-D inputs of the backward (the weights) cast to fp16 there
+        recasts[once] = [  # fp32 4-D inputs of the backward (the weights) cast to fp16 there
             n
             for n in bw.graph.nodes
             if n.op == "call_function"
@@ -218,10 +217,9 @@ def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward(cast_once):
             and n.args[0].op == "placeholder"
             and n.args[0].meta["val"].dtype == torch.float32
         ]
-        if once == cast_once:
-            assert len(recasts) == (0 if cast_once else 19)
-        grads.append([p.grad for p in model.parameters()])
-    for a, b in zip(*grads, strict=True):
+        grads[once] = [p.grad for p in model.parameters()]
+    assert len(recasts[True]) == 0 and len(recasts[False]) == 19
+    for a, b in zip(grads[True], grads[False], strict=True):
         torch.testing.assert_close(a, b)
 
 
