@@ -5,8 +5,10 @@
 - SGD: one update of ResNet-50's parameter set, against torch's foreach and fused SGD;
 - cross-entropy with label smoothing, forward + backward, batch 256 x 1000 classes;
 - max-pool 3x3/2 of ResNet-50's stem (256 x 64 x 112 x 112 bf16 channels_last), forward +
-  backward, against inductor's (compiled) and eager torch's; the Triton rows sweep its tiles;
-- the same pool of ``relu(x * scale + bias)`` (the fused path's stem, fp16), forward, by tile.
+  backward, against inductor's (compiled) and eager torch's: the window kernels by tile, the
+  row kernels (``maxpool_rows``, what the stem runs) at their default tiles;
+- its backward alone (fp16), and the same pool of ``relu(x * scale + bias)`` (the fused path's
+  stem, fp16) forward alone: both kinds of kernel, each by tile.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
 the GPU, less than the host takes to launch it from Python on a busy machine, and the target
@@ -120,26 +122,49 @@ def test_cross_entropy(benchmark, impl):
 
 
 MAXPOOL_TILES = [(32, 64, 4), (64, 64, 4), (16, 64, 2), (64, 64, 8), (128, 64, 8)]
+# the row kernels' tiles: output rows per program, output columns, channels, warps
+ROW_TILES = [(r, w, 64, nw) for r in (4, 8, 14) for w in (8, 16, 32, 64) for nw in (4, 8)]
+
+
+def _tile(impl: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in impl.split()[-1].split("x"))
+
+
+def _kernels(monkeypatch, impl: str, fwd: str, bwd: str | None = None) -> None:
+    """Point fasttrain's max-pool at the kernels and tile ``impl`` names: "windows PxCxW" (the
+    window kernels' tile attributes ``fwd`` and ``bwd``) or "rows RxWxCxW" (the row kernels')."""
+    from fasttrain.kernels import maxpool, maxpool_rows
+
+    rows = impl.startswith("rows")
+    monkeypatch.setattr(maxpool, "ROWS", rows)
+    module = maxpool_rows if rows else maxpool
+    names = ("TILE_FWD", "TILE_BWD") if rows else (fwd, bwd)
+    for name in names:
+        if name is not None:
+            monkeypatch.setattr(module, name, _tile(impl))
 
 
 @pytest.mark.benchmark(group="kernels: max-pool 3x3/2 fwd+bwd")
 @pytest.mark.parametrize(
-    "impl", [f"triton {p}x{c}x{w}" for p, c, w in MAXPOOL_TILES] + ["torch compiled", "torch"]
+    "impl",
+    [f"windows {p}x{c}x{w}" for p, c, w in MAXPOOL_TILES] + ["rows", "torch compiled", "torch"],
 )
 def test_maxpool(benchmark, impl, monkeypatch):
     import torch.nn.functional as F
-    from fasttrain.kernels import maxpool
+    from fasttrain.kernels import maxpool, maxpool_rows
 
     cl = torch.channels_last
     x = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
     x.requires_grad_(True)
     grad = torch.randn(256, 64, 56, 56, device="cuda", dtype=torch.bfloat16)
     grad = grad.to(memory_format=cl)
-    if impl.startswith("triton"):
-        tile = tuple(int(v) for v in impl.split()[1].split("x"))
-        monkeypatch.setattr(maxpool, "TILE_FWD", tile)
-        monkeypatch.setattr(maxpool, "TILE_BWD", tile)
+    if impl.startswith("windows"):
+        _kernels(monkeypatch, impl, "TILE_FWD", "TILE_BWD")
         fn = lambda t: maxpool.max_pool2d(t, 3, 2, 1)  # noqa: E731
+    elif impl == "rows":  # the row kernels at their default tiles
+        monkeypatch.setattr(maxpool, "ROWS", True)
+        fn = lambda t: maxpool.max_pool2d(t, 3, 2, 1)  # noqa: E731
+        benchmark.extra_info["tiles"] = [maxpool_rows.TILE_FWD, maxpool_rows.TILE_BWD]
     elif impl == "torch compiled":
         fn = torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1), dynamic=False)
     else:
@@ -158,17 +183,44 @@ def test_maxpool(benchmark, impl, monkeypatch):
     ) / (benchmark.extra_info["us_per_call"] * 1e3)
 
 
+@pytest.mark.benchmark(group="kernels: max-pool 3x3/2 backward")
+@pytest.mark.parametrize(
+    "impl",
+    [f"windows {p}x{c}x{w}" for p, c, w in MAXPOOL_TILES]
+    + [f"rows {r}x{w}x{c}x{nw}" for r, w, c, nw in ROW_TILES],
+)
+def test_maxpool_backward(benchmark, impl, monkeypatch):
+    """The pool's backward alone (fp16, the fused path's dtype), by kernel and tile: the
+    gradient and the int8 offsets read, the input's gradient written."""
+    from fasttrain.kernels import maxpool
+
+    cl = torch.channels_last
+    x = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.float16).to(memory_format=cl)
+    _kernels(monkeypatch, impl, "TILE_FWD", "TILE_BWD")
+    offsets = maxpool._pool(x, 3, 2, 1)[1]
+    grad = torch.randn(256, 64, 56, 56, device="cuda", dtype=torch.float16).to(memory_format=cl)
+
+    def fn():
+        return maxpool.pool_backward(grad, offsets, 112, 112, True, 3, 2, 1)
+
+    run(benchmark, fn, bytes_moved=2 * x.numel() + 3 * grad.numel())
+
+
 AFFINE_TILES = [(p, 64, w) for p in (32, 64, 128, 256) for w in (4, 8)]
 
 
 @pytest.mark.benchmark(group="kernels: max-pool of relu(x * scale + bias), forward")
 @pytest.mark.parametrize(
-    "impl", [f"triton {p}x{c}x{w}" for p, c, w in AFFINE_TILES] + ["torch compiled"]
+    "impl",
+    [f"windows {p}x{c}x{w}" for p, c, w in AFFINE_TILES]
+    + [f"rows {r}x{w}x{c}x{nw}" for r, w, c, nw in ROW_TILES]
+    + ["torch compiled"],
 )
 def test_affine_maxpool_forward(benchmark, impl, monkeypatch):
     """The fused path's stem: the max-pool of its BN's normalise + ReLU, fp16 at batch 256, by
-    the Triton forward at each tile (``TILE_AFFINE_FWD`` is the fastest of them on an H200) or by
-    inductor compiling the same function (which writes no argmax; its backward recomputes it)."""
+    the Triton forward by kernel and tile (``TILE_AFFINE_FWD`` is the window kernel's fastest on
+    an H200, ``maxpool_rows.TILE_FWD`` the row kernel's) or by inductor compiling the same
+    function (which writes no argmax; its backward recomputes it)."""
     import torch.nn.functional as F
     from fasttrain.kernels import maxpool
 
@@ -176,9 +228,8 @@ def test_affine_maxpool_forward(benchmark, impl, monkeypatch):
     x = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.float16).to(memory_format=cl)
     scale = torch.rand(64, device="cuda") + 0.5
     bias = torch.randn(64, device="cuda") * 0.1
-    if impl.startswith("triton"):
-        tile = tuple(int(v) for v in impl.split()[1].split("x"))
-        monkeypatch.setattr(maxpool, "TILE_AFFINE_FWD", tile)
+    if impl.startswith(("windows", "rows")):
+        _kernels(monkeypatch, impl, "TILE_AFFINE_FWD")
 
         def fn():
             return maxpool.affine_relu_pool(x, scale, bias, 3, 2, 1)

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from . import maxpool_rows
+
 # pixels, channels, warps of a program, forward and backward: the fastest of bench/test_kernels.py's
 # sweep (bf16, 256 x 64 x 112 x 112)
 TILE_FWD = (64, 64, 4)
@@ -31,6 +33,9 @@ TILE_BWD = (64, 64, 4)
 # arithmetic per value wants more warps: 0.40 ms against 0.59 with TILE_FWD on an H200, the fastest
 # of eight tiles (those bench/test_kernels.py's test_affine_maxpool_forward times)
 TILE_AFFINE_FWD = (32, 64, 8)
+# the stem's 3x3/2 pad-1 pool runs maxpool_rows' kernels, which stream its rows; False runs the
+# window kernels here for every pool (the reference the benchmarks time them against)
+ROWS = True
 
 
 @triton.jit
@@ -157,6 +162,9 @@ def _launch_fwd(
     out, offsets = _pool_outputs(x, kernel, stride, padding)
     oh, ow = out.shape[2:]
     affine = scale is not None
+    if ROWS and maxpool_rows.applies(kernel, stride, padding):
+        maxpool_rows.forward(x, out, offsets, scale, bias)
+        return out, offsets
     bp, bc, warps = TILE_AFFINE_FWD if affine else TILE_FWD
     grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     _pool_fwd[grid](
@@ -208,6 +216,9 @@ def pool_backward(
 ) -> torch.Tensor:
     n, c, oh, ow = grad.shape
     dx = _like(grad, (n, c, height, width), channels_last)
+    if ROWS and maxpool_rows.applies(kernel, stride, padding):
+        maxpool_rows.backward(grad, offsets, dx)
+        return dx
     bp, bc, warps = TILE_BWD
     grid = (triton.cdiv(n * height * width, bp), triton.cdiv(c, bc))
     _pool_bwd[grid](

@@ -350,6 +350,48 @@ def test_maxpool_takes_inf_and_nan_as_torch_does():
         torch.testing.assert_close(a.grad, b.grad)
 
 
+@pytest.mark.parametrize(
+    "shape, dtype, affine",
+    [
+        ((2, 5, 9, 7), torch.float32, False),  # odd sizes: the last row and column pad
+        ((1, 6, 12, 10), torch.float16, False),  # even sizes: the last input row from a carry
+        ((2, 9, 13, 16), torch.float16, True),  # the fused stem's affine + ReLU
+        ((1, 2, 1, 1), torch.float32, False),  # one pixel
+    ],
+)
+def test_maxpool_row_kernels_match_the_window_kernels(shape, dtype, affine, monkeypatch):
+    """The stem's 3x3/2 pad-1 pool by ``maxpool_rows`` against the window kernels: the same
+    values and int8 argmax offsets (ties, -inf and NaN included), and the same input gradient
+    (small integers, so any order of adding them is exact). Tiles of 3 rows x 4 columns x 4
+    channels put strip and tile edges inside these sizes."""
+    from fasttrain.kernels import maxpool, maxpool_rows
+
+    monkeypatch.setattr(maxpool_rows, "TILE_FWD", (3, 4, 4, 1))
+    monkeypatch.setattr(maxpool_rows, "TILE_BWD", (3, 4, 4, 1))
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(-2, 3, shape, generator=g).to(dtype)
+    x.view(-1)[torch.randperm(x.numel(), generator=g)[:3]] = float("-inf")
+    x.view(-1)[torch.randperm(x.numel(), generator=g)[:2]] = float("nan")
+    x = x.to(memory_format=torch.channels_last).to(DEV)
+    scale = (torch.rand(shape[1], generator=g) + 0.5).to(DEV)
+    bias = torch.randn(shape[1], generator=g).to(DEV)
+    grad = torch.randint(-8, 9, (shape[0], shape[1], (shape[2] + 1) // 2, (shape[3] + 1) // 2))
+    grad = grad.to(dtype).to(memory_format=torch.channels_last).to(DEV)
+    results = []
+    for rows in (True, False):
+        monkeypatch.setattr(maxpool, "ROWS", rows)
+        if affine:
+            out, offsets = maxpool.affine_relu_pool(x, scale, bias, 3, 2, 1)
+        else:
+            out, offsets = maxpool._pool(x, 3, 2, 1)
+        dx = maxpool.pool_backward(grad, offsets, *shape[2:], True, 3, 2, 1)
+        results.append((out, offsets, dx))
+    (out, offsets, dx), (want_out, want_offsets, want_dx) = results
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(offsets, want_offsets)
+    assert dx.stride() == want_dx.stride() and torch.equal(dx, want_dx)
+
+
 def test_maxpool_swaps_into_the_model_with_the_same_state_dict_and_outputs():
     from fasttrain.kernels.maxpool import MaxPool2d
 
