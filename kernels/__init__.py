@@ -7,7 +7,8 @@ Each kernel ships with a plain torch reference and tests that hold the two toget
 - ``cross_entropy``: softmax cross-entropy with label smoothing, a ``torch.library`` custom op;
 - ``sgd``: SGD and LARS over flat buffers, one launch, LR from a device tensor;
 - ``maxpool``: the stem's max-pool, forward (int8 argmax offsets kept) and backward (a gather),
-  ``torch.library`` custom ops.
+  ``torch.library`` custom ops; ``maxpool_rows`` runs ResNet's 3x3/2 pad-1 pool streamed by rows,
+  held to ``maxpool``'s window kernels.
 
 ``--triton-kernels auto`` (the default) uses those measured faster in the step on an H200:
 maxpool on a GPU with channels_last, normalize with the torchvision loader; the others are

@@ -14,6 +14,10 @@ reference; the tests hold them together, ties and -inf included (the first maxim
 wins, as in torch, and NaN propagates). ``fasttrain::affine_relu_max_pool2d`` pools
 ``relu(x * scale + bias)`` per channel, applying the affine + ReLU as it reads ``x`` (the fused
 path's stem, whose BN output is then never written), held to ``F.max_pool2d`` of the same.
+
+ResNet's 3x3/2 pad-1 pool runs ``maxpool_rows``' kernels, which stream rows instead of gathering
+windows (about twice as fast); the window kernels here run every other pool and are their
+reference (``ROWS``).
 """
 
 from __future__ import annotations

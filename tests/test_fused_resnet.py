@@ -122,7 +122,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
     into one graph, the same. The pool's backward kernel reads its gradient channels_last, as
     its tiles need for coalesced loads: compiled, inductor handed it the contiguous layout until
     the backward asked for channels_last."""
-    from fasttrain.kernels import maxpool
+    from fasttrain.kernels import maxpool_rows
     from fasttrain.kernels.maxpool import MaxPool2d
 
     import fasttrain.fused_resnet as fused_resnet
@@ -135,13 +135,13 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
         return m.to(DEV, memory_format=torch.channels_last)
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    launch, grads = maxpool._pool_bwd, []
+    launch, grads = maxpool_rows._bwd, []  # the stem's 3x3/2 pool: the row kernels
 
     class Spy:  # the backward kernel's launches, with the gradient each read
         def __getitem__(self, grid):
             return lambda g, *a, **k: grads.append(g) or launch[grid](g, *a, **k)
 
-    monkeypatch.setattr(maxpool, "_pool_bwd", Spy())
+    monkeypatch.setattr(maxpool_rows, "_bwd", Spy())
     calls = []
     pool = fused_resnet.affine_relu_max_pool2d
     monkeypatch.setattr(
