@@ -36,6 +36,18 @@ def applies(kernel: int, stride: int, padding: int) -> bool:
 
 
 @triton.jit
+def _strip(C, OH, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's work: image n (int64, for the batch stride), output rows from oh0, output
+    columns ow, channels c and their mask."""
+    strips = tl.cdiv(OH, ROWS)
+    n = (tl.program_id(0) // strips).to(tl.int64)
+    oh0 = (tl.program_id(0) % strips) * ROWS
+    ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return n, oh0, ow, c, c < C
+
+
+@triton.jit
 def _row_max(
     x_row, row_ok, c, c_ok, sxc, sxw, ow, OW, W, scale, bias,
     AFFINE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -68,12 +80,7 @@ def _fwd(
     sxn, sxc, sxh, sxw, son, soc, soh, sow,
     AFFINE: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    strips = tl.cdiv(OH, ROWS)
-    n = (tl.program_id(0) // strips).to(tl.int64)
-    oh0 = (tl.program_id(0) % strips) * ROWS
-    ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = c < C
+    n, oh0, ow, c, c_ok = _strip(C, OH, ROWS, BLOCK_W, BLOCK_C)
     scale = 0.0
     bias = 0.0
     if AFFINE:
@@ -132,12 +139,7 @@ def _bwd(
     sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
     ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    strips = tl.cdiv(OH, ROWS)
-    n = (tl.program_id(0) // strips).to(tl.int64)
-    oh0 = (tl.program_id(0) % strips) * ROWS
-    ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = c < C
+    n, oh0, ow, c, c_ok = _strip(C, OH, ROWS, BLOCK_W, BLOCK_C)
     ok = (ow < OW)[:, None] & c_ok[None, :]
     # input column 2ow is in window ow only (kw 1); 2ow + 1 in windows ow (kw 2) and ow + 1 (kw 0)
     even_cols = (2 * ow)[:, None] * sdw + c[None, :] * sdc
