@@ -164,11 +164,11 @@ def _launch_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n, c, h, w = x.shape
     out, offsets = _pool_outputs(x, kernel, stride, padding)
-    oh, ow = out.shape[2:]
-    affine = scale is not None
     if ROWS and maxpool_rows.applies(kernel, stride, padding):
         maxpool_rows.forward(x, out, offsets, scale, bias)
         return out, offsets
+    oh, ow = out.shape[2:]
+    affine = scale is not None
     bp, bc, warps = TILE_AFFINE_FWD if affine else TILE_FWD
     grid = (triton.cdiv(n * oh * ow, bp), triton.cdiv(c, bc))
     _pool_fwd[grid](
