@@ -6,7 +6,8 @@ auto``, ``--fused-bn`` with cuDNN's autotuning timing 10 or every plan per convo
 ``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions, with
 its ReLU gradient masked by the normalise pass's input or output, with or without each block
 end's masked gradient stored once and its stem's BN run as the others, with its stem's image
-padded to 4 channels or not, and with its weights cast to fp16 once or again in the backward. A
+padded to 4 channels or not, with its weights cast to fp16 once or again in the backward, and
+with its stem's max-pool by the row or the window kernels (in both compile modes). A
 round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
 there). img/s and peak memory in ``extra_info``.
 
@@ -176,6 +177,25 @@ def test_fused_bn_weight_cast(benchmark, cast, monkeypatch):
     fp32 weight cast to fp16 once and the cast kept for the backward (``cast_once``), or cast
     inside ``conv_bn`` and again in the compiled backward: what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", cast_once=cast.startswith("once"))
+
+
+@pytest.mark.benchmark(group="fused-bn stem pool kernels")
+@pytest.mark.parametrize("mode", ["default", "auto"])
+@pytest.mark.parametrize("pool", ["rows (the default)", "windows"])
+def test_fused_bn_pool_kernels(benchmark, pool, mode, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 with its stem's max-pool by the row kernels
+    (``maxpool_rows``) or the window kernels (``maxpool.ROWS = False``), in ``default`` mode and
+    under ``--compile-mode auto`` (minutes of tuning on a first start)."""
+    from fasttrain.kernels import maxpool
+
+    monkeypatch.setattr(maxpool, "ROWS", pool.startswith("rows"))
+    tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
+    torch.cuda.reset_peak_memory_stats()
+    one, step, _ = make_step(
+        "compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool", overrides=tuned
+    )
+    time_step(benchmark, one, step, BATCH)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)
