@@ -106,9 +106,12 @@ def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
 FOLDS = {"none (the default)": (), "3x3": (3,), "all": (1, 3)}
 
 
-def time_fused_variant(benchmark, monkeypatch, kernels: str = "none", **options) -> None:
+def time_fused_variant(
+    benchmark, monkeypatch, kernels: str = "none", overrides: dict | None = None, **options
+) -> None:
     """The fp16 --fused-bn step at batch 256 with ``FusedResNet(**options)`` as the model that
-    ``build_model`` constructs and the ``--triton-kernels`` named, and its peak memory."""
+    ``build_model`` constructs, the ``--triton-kernels`` named and the settings ``overrides``
+    (``make_step``'s), and its peak memory."""
     import fasttrain.fused_resnet as fused_resnet
 
     class Variant(fused_resnet.FusedResNet):
@@ -117,7 +120,9 @@ def time_fused_variant(benchmark, monkeypatch, kernels: str = "none", **options)
 
     monkeypatch.setattr(fused_resnet, "FusedResNet", Variant)
     torch.cuda.reset_peak_memory_stats()
-    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels=kernels)
+    one, step, _ = make_step(
+        "compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels=kernels, overrides=overrides
+    )
     time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
@@ -190,12 +195,7 @@ def test_fused_bn_pool_kernels(benchmark, pool, mode, monkeypatch):
 
     monkeypatch.setattr(maxpool, "ROWS", pool.startswith("rows"))
     tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
-    torch.cuda.reset_peak_memory_stats()
-    one, step, _ = make_step(
-        "compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool", overrides=tuned
-    )
-    time_step(benchmark, one, step, BATCH)
-    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    time_fused_variant(benchmark, monkeypatch, "maxpool", overrides=tuned)
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)
