@@ -133,6 +133,14 @@ def _picked(g_row, o_row, c, c_ok, sgc, sgw, ow, OW, C):
 
 
 @triton.jit
+def _carried(g, o, g1, o1):
+    """What an output row sends the input row below it (its window row kh 2), which the next
+    output row's kh 0 completes: at even columns from window ow (kw 1), at odd columns from
+    windows ow (kw 2) and ow + 1 (kw 0); ``g1``, ``o1`` are the row at ow + 1."""
+    return tl.where(o == 7, g, 0.0), tl.where(o == 8, g, 0.0) + tl.where(o1 == 6, g1, 0.0)
+
+
+@triton.jit
 def _bwd(
     g_ptr, off_ptr, dx_ptr,
     C, H, W, OH, OW,
@@ -152,8 +160,7 @@ def _bwd(
     g_row, o_row = g_n + tl.cast(prev, tl.int64) * sgh, o_n + prev * OW * C
     g, o = _picked(g_row, o_row, c, c_ok, sgc, sgw, ow, OW, C)
     g1, o1 = _picked(g_row, o_row, c, c_ok, sgc, sgw, ow + 1, OW, C)
-    carry_even = tl.where(o == 7, g, 0.0)
-    carry_odd = tl.where(o == 8, g, 0.0) + tl.where(o1 == 6, g1, 0.0)
+    carry_even, carry_odd = _carried(g, o, g1, o1)
     oh_end = tl.minimum(oh0 + ROWS, OH)
     for oh in range(oh0, oh_end):
         g_row, o_row = g_n + tl.cast(oh, tl.int64) * sgh, o_n + oh * OW * C
@@ -171,8 +178,7 @@ def _bwd(
         odd = tl.where(o == 5, g, 0.0) + tl.where(o1 == 3, g1, 0.0)
         tl.store(mid + even_cols, even.to(dx_ptr.dtype.element_ty), mask=ok)
         tl.store(mid + odd_cols, odd.to(dx_ptr.dtype.element_ty), mask=odd_ok)
-        carry_even = tl.where(o == 7, g, 0.0)
-        carry_odd = tl.where(o == 8, g, 0.0) + tl.where(o1 == 6, g1, 0.0)
+        carry_even, carry_odd = _carried(g, o, g1, o1)
     # the last output row's strip also writes the input's last row, 2 OH - 1, where it exists
     last = (oh_end == OH) & (2 * OH - 1 < H)
     below = dx_n + tl.cast(2 * OH - 1, tl.int64) * sdh
