@@ -8,7 +8,11 @@
   backward, against inductor's (compiled) and eager torch's: the window kernels by tile, the
   row kernels (``maxpool_rows``, what the stem runs) at their default tiles;
 - its backward alone (fp16), and the same pool of ``relu(x * scale + bias)`` (the fused path's
-  stem, fp16) forward alone: both kinds of kernel, each by tile.
+  stem, fp16) forward alone: both kinds of kernel, each by tile;
+- the fused path's stem after its convolution (BN + ReLU + max-pool, fp16, compiled), forward +
+  backward: the whole BN in the pool (``bn_pool.bn_relu_max_pool2d``), its normalise + ReLU
+  alone in the pool (``affine_relu_max_pool2d``), and torch's modules; and the backward kernel
+  with the BN folded in by tile.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
 the GPU, less than the host takes to launch it from Python on a busy machine, and the target
@@ -245,3 +249,63 @@ def test_affine_maxpool_forward(benchmark, impl, monkeypatch):
 
     # the least it moves: the input read, the output and the int8 argmax written
     run(benchmark, fn, bytes_moved=2 * x.numel() + 3 * x.numel() // 4)
+
+
+def _stem_input():
+    cl = torch.channels_last
+    y = torch.randn(256, 64, 112, 112, device="cuda", dtype=torch.float16).to(memory_format=cl)
+    return y, torch.randn(256, 64, 56, 56, device="cuda", dtype=torch.float16).to(memory_format=cl)
+
+
+@pytest.mark.benchmark(group="kernels: stem BN + ReLU + max-pool, fwd+bwd, compiled")
+@pytest.mark.parametrize(
+    "impl", ["BN in the pool (the default)", "normalise + ReLU in the pool", "torch modules"]
+)
+def test_stem_bn_relu_maxpool(benchmark, impl):
+    """What the fused path's stem runs after its convolution, forward + backward at batch 256
+    (fp16, each compiled whole as the step compiles it): the whole BN inside the Triton pool,
+    whose backward writes only the input's gradient; the BN's normalise + ReLU inside it, the
+    statistics and their backward by inductor (reading the pool's gradient twice); or
+    ``nn.BatchNorm2d``, ReLU and ``F.max_pool2d`` as inductor compiles them."""
+    import torch.nn.functional as F
+
+    from fasttrain.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
+    from fasttrain.conv_bn import bn_finalize, sums
+
+    y, grad = _stem_input()
+    y.requires_grad_(True)
+    bn = torch.nn.BatchNorm2d(64).cuda()
+    count = y.shape[0] * y.shape[2] * y.shape[3]
+    if impl.startswith("BN in"):
+        fn = lambda t: bn_relu_max_pool2d(t, bn, 3, 2, 1)  # noqa: E731
+    elif impl.startswith("normalise"):
+        fn = lambda t: affine_relu_max_pool2d(t, *bn_finalize(*sums(t), count, bn), 3, 2, 1)  # noqa: E731
+    else:
+        fn = lambda t: F.max_pool2d(torch.relu(bn(t)), 3, 2, 1)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+
+    def step() -> None:
+        y.grad = None
+        compiled(y).backward(grad)
+
+    run(benchmark, step)
+
+
+@pytest.mark.benchmark(group="kernels: max-pool 3x3/2 backward with the BN folded in")
+@pytest.mark.parametrize("impl", [f"rows {r}x{w}x{c}x{nw}" for r, w, c, nw in ROW_TILES])
+def test_maxpool_bn_backward(benchmark, impl, monkeypatch):
+    """The row kernels' backward with the stem's BN folded in (``affine_relu_pool_backward``,
+    fp16) by tile: the gradient, the int8 offsets and the BN's input read, the input's
+    gradient written (``maxpool_rows.TILE_BN_BWD`` is the fastest)."""
+    from fasttrain.kernels import maxpool, maxpool_rows
+
+    y, grad = _stem_input()
+    monkeypatch.setattr(maxpool, "ROWS", True)
+    monkeypatch.setattr(maxpool_rows, "TILE_BN_BWD", _tile(impl))
+    per_channel = [torch.randn(64, device="cuda") for _ in range(4)]
+    offsets = maxpool.affine_relu_pool(y, *per_channel[:2], 3, 2, 1)[1]
+
+    def fn():
+        return maxpool.affine_relu_pool_backward(grad, offsets, y, *per_channel, 3, 2, 1)
+
+    run(benchmark, fn, bytes_moved=4 * y.numel() + 3 * grad.numel())

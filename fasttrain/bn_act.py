@@ -24,12 +24,8 @@ import torch
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fasttrain.conv_bn import affine, update_running_stats
+from fasttrain.conv_bn import affine, per_channel, update_running_stats
 from fasttrain.memory_format import memory_format_of
-
-
-def _per_channel(v: Tensor) -> Tensor:
-    return v.view(1, -1, 1, 1)
 
 
 def _acc(x: Tensor) -> torch.dtype:
@@ -71,8 +67,8 @@ def reference(
     wide = x.to(acc)
     var, mean = torch.var_mean(wide, dim=(0, 2, 3), correction=0)
     invstd = torch.rsqrt(var + eps)
-    y = (wide - _per_channel(mean)) * _per_channel(invstd * weight.to(acc))
-    y = y + _per_channel(bias.to(acc))
+    y = (wide - per_channel(mean)) * per_channel(invstd * weight.to(acc))
+    y = y + per_channel(bias.to(acc))
     if residual is not None:
         y = y + residual.to(acc)
     y = y.to(x.dtype).contiguous(memory_format=memory_format_of(x))
@@ -134,12 +130,12 @@ def backward_reference(
     grad_residual = x.new_empty((0,))
     if residual:
         grad_residual = g.to(grad_y.dtype).contiguous(memory_format=fmt)
-    xhat = (x.to(acc) - _per_channel(mean)) * _per_channel(invstd)
+    xhat = (x.to(acc) - per_channel(mean)) * per_channel(invstd)
     grad_bias = g.sum((0, 2, 3))
     grad_weight = (g * xhat).sum((0, 2, 3))
     count = x.shape[0] * x.shape[2] * x.shape[3]
-    gx = _per_channel(weight.to(acc) * invstd) * (
-        g - _per_channel(grad_bias / count) - xhat * _per_channel(grad_weight / count)
+    gx = per_channel(weight.to(acc) * invstd) * (
+        g - per_channel(grad_bias / count) - xhat * per_channel(grad_weight / count)
     )
     return (
         gx.to(x.dtype).contiguous(memory_format=fmt),

@@ -41,7 +41,8 @@ from torch import Tensor
 from fasttrain.memory_format import memory_format_of
 
 
-def _per_channel(v: Tensor) -> Tensor:
+def per_channel(v: Tensor) -> Tensor:
+    """A per-channel vector shaped to broadcast over (N, C, H, W)."""
     return v.view(1, -1, 1, 1)
 
 
@@ -54,7 +55,7 @@ def _prologue(x: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
     """``relu(x * scale + bias)`` in fp32, stored in ``x``'s dtype; ``x`` without a scale."""
     if scale is None:
         return x
-    out = torch.relu(x.to(_acc(x)) * _per_channel(scale) + _per_channel(bias))
+    out = torch.relu(x.to(_acc(x)) * per_channel(scale) + per_channel(bias))
     # not out.to(x.dtype) when the dtypes match: that returns ``out`` itself, and torch 2.11's
     # dynamo then zeroes the input gradient of the autograd.Function (``_AffineReLU``) whose
     # forward returns it; fp32 and fp64 models (the tests, CPU runs) lost that gradient
@@ -129,7 +130,7 @@ def backward(
     input included) and calls cuDNN for the convolution's dgrad and wgrad. Without a prologue,
     scale's and bias's are None; without ``input_grad``, x's."""
     acc = _acc(x)
-    g = grad_y.to(acc) + _per_channel(grad_sum) + 2 * y.to(acc) * _per_channel(grad_sumsq)
+    g = grad_y.to(acc) + per_channel(grad_sum) + 2 * y.to(acc) * per_channel(grad_sumsq)
     g = g.to(y.dtype)
     a = _prologue(x, scale, bias)
     ga, gw, _ = torch.ops.aten.convolution_backward(
@@ -153,18 +154,18 @@ def backward(
             None,
             None,
         )
-    gx, gscale, gbias = _prologue_backward(ga, x, scale, bias)
+    gx, gscale, gbias = prologue_backward(ga, x, scale, bias)
     return (gx if input_grad else None), gw, gscale, gbias
 
 
-def _prologue_backward(
+def prologue_backward(
     ga: Tensor, x: Tensor, scale: Tensor, bias: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``relu(x * scale + bias)`` for (x, scale, bias) from its output's ``ga``,
     the ReLU masked by the pre-activation recomputed from ``x``."""
     wide = x.to(_acc(x))
-    gz = ga.to(wide.dtype) * (wide * _per_channel(scale) + _per_channel(bias) > 0)
-    gx = (gz * _per_channel(scale)).to(x.dtype).contiguous(memory_format=memory_format_of(x))
+    gz = ga.to(wide.dtype) * (wide * per_channel(scale) + per_channel(bias) > 0)
+    gx = (gz * per_channel(scale)).to(x.dtype).contiguous(memory_format=memory_format_of(x))
     return gx, (gz * wide).sum((0, 2, 3)), gz.sum((0, 2, 3))
 
 
@@ -244,6 +245,29 @@ def bn_finalize(
     return scale, beta - mean * scale
 
 
+def bn_finalize_backward(
+    grad_scale: Tensor,
+    grad_bias: Tensor,
+    total: Tensor,
+    total_sq: Tensor,
+    count: int,
+    scale: Tensor,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """The gradients of ``total`` and ``total_sq`` through ``bn_finalize`` in training, from
+    those of the ``scale`` and ``bias`` it returned: what autograd computes from its formula
+    (the variance's clamp included), for a kernel that adds them into the input's gradient
+    itself (``bn_pool.bn_relu_max_pool2d``)."""
+    mean = total / count
+    var = total_sq / count - mean * mean
+    # scale = gamma * rsqrt(var + eps), bias = beta - mean * scale
+    reaches_scale = grad_scale - mean * grad_bias
+    grad_var = -0.5 * reaches_scale * scale / (var.clamp_min(0) + eps)
+    grad_var = torch.where(var > 0, grad_var, 0)  # what clamp_min(0)'s gradient passes
+    grad_mean = -scale * grad_bias - 2 * mean * grad_var
+    return grad_mean / count, grad_var / count
+
+
 def update_running_stats(
     bn: torch.nn.modules.batchnorm._BatchNorm, mean: Tensor, var: Tensor, count: int
 ) -> None:
@@ -286,7 +310,7 @@ class _AffineReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return _prologue_backward(grad, *ctx.saved_tensors)
+        return prologue_backward(grad, *ctx.saved_tensors)
 
 
 def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
@@ -299,40 +323,6 @@ def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     read as two saved tensors (``kept``) rather than rebuilt from the BN's statistics there.
     ``bench/traffic.py`` counts the difference."""
     return _AffineReLU.apply(y, *kept(scale, bias))
-
-
-class _AffineReLUMaxPool(torch.autograd.Function):
-    """``max_pool2d(relu(y * scale + bias))`` by fasttrain's Triton max-pool, which applies the
-    affine + ReLU as it reads ``y``; the backward gathers the pool's gradient and masks it by
-    the pre-activation recomputed from ``y``, as ``affine_relu``'s does."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, kernel: int, stride: int, pad: int):
-        from fasttrain.kernels.maxpool import affine_relu_pool
-
-        out, offsets = affine_relu_pool(y, scale, bias, kernel, stride, pad)
-        ctx.save_for_backward(y, scale, bias, offsets)
-        ctx.pool = kernel, stride, pad
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        from fasttrain.kernels.maxpool import gather_grad
-
-        y, scale, bias, offsets = ctx.saved_tensors
-        channels_last = memory_format_of(y) == torch.channels_last
-        ga = gather_grad(grad, offsets, channels_last, y.shape[2:], ctx.pool)
-        return *_prologue_backward(ga, y, scale, bias), None, None, None
-
-
-def affine_relu_max_pool2d(
-    y: Tensor, scale: Tensor, bias: Tensor, kernel: int, stride: int, padding: int
-) -> Tensor:
-    """``F.max_pool2d(affine_relu(y, scale, bias), kernel, stride, padding)`` in one Triton
-    kernel that reads ``y`` once and never writes the normalised activation (the stem's BN +
-    ReLU + max-pool); the same values and gradients. Scale and bias pass through ``kept`` for
-    the reason ``affine_relu``'s do."""
-    return _AffineReLUMaxPool.apply(y, *kept(scale, bias), kernel, stride, padding)
 
 
 def stored(t: Tensor) -> Tensor:
@@ -366,7 +356,7 @@ class _ResidualReLU(torch.autograd.Function):
         y, scale, out = ctx.saved_tensors
         masked = stored(torch.where(out > 0, grad, 0))
         wide = masked.to(scale.dtype)
-        gy = (wide * _per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
+        gy = (wide * per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
         return gy, (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3)), masked
 
 
@@ -382,4 +372,4 @@ def residual_relu(y: Tensor, scale: Tensor, bias: Tensor, identity: Tensor) -> T
 def affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     """``y * scale + bias`` per channel in fp32, stored in ``y``'s dtype: a BN's normalise where
     no convolution follows to fold it into."""
-    return (y.to(scale.dtype) * _per_channel(scale) + _per_channel(bias)).to(y.dtype)
+    return (y.to(scale.dtype) * per_channel(scale) + per_channel(bias)).to(y.dtype)

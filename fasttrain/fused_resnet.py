@@ -42,10 +42,10 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from fasttrain.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
 from fasttrain.conv_bn import (
     affine,
     affine_relu,
-    affine_relu_max_pool2d,
     bn_finalize,
     cast_weight,
     conv_bn,
@@ -89,7 +89,10 @@ class Fusion:
     instead of leaving inductor to recompute it in each (3.5% faster steps). With ``fuse_stem``
     (the default), the stem's BN runs as the others that no convolution sums for: its
     statistics by one reduction, its normalise + ReLU as the pass above or inside the Triton
-    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``). With ``pad_stem``
+    max-pool (``_stem``; 1.6% faster steps, 3.4% with ``store_block_grad``); with
+    ``stem_bn_in_pool`` as well (the default), the pool takes the whole BN in training, and its
+    backward writes the convolution output's gradient in one pass (``bn_relu_max_pool2d``)
+    rather than the pool's gradient for inductor's BN backward to read twice. With ``pad_stem``
     (the default), the stem's convolution reads its image with zero channels added up to
     ``STEM_CHANNELS``, and its weights likewise (``_stem_conv``). With ``cast_once`` (the
     default), each convolution's fp32 weight is cast to the activations' dtype once and the
@@ -102,6 +105,7 @@ class Fusion:
     fuse_stem: bool = True
     pad_stem: bool = True
     cast_once: bool = True
+    stem_bn_in_pool: bool = True
 
 
 def _conv(
@@ -134,17 +138,21 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
     """The stem: conv1, bn1, the ReLU and the max-pool, as torchvision runs them or, with
     ``how.fuse_stem``, with bn1's statistics summed by one reduction (cuDNN declines to sum them
     in the 3-channel convolution) and its normalise + ReLU as the other BNs' pass, or inside
-    fasttrain's Triton max-pool where the model runs it (``affine_relu_max_pool2d``)."""
+    fasttrain's Triton max-pool where the model runs it (``affine_relu_max_pool2d``); in
+    training, with ``how.stem_bn_in_pool``, the whole BN inside it (``bn_relu_max_pool2d``)."""
     if not how.fuse_stem:
         return model.maxpool(model.relu(model.bn1(_stem_conv(model.conv1, x, how))))
     y = _stem_conv(model.conv1, x, how)
-    prologue = _bn(y, *sums(y), model.bn1)
     pool = model.maxpool
     # fasttrain's Triton max-pool (triton_maxpool): its module is loaded wherever one exists, and
     # importing it elsewhere would need Triton, which a CPU-only torch lacks
     triton_pool = sys.modules.get("fasttrain.kernels.maxpool")
     if how.mask_from_input and triton_pool and isinstance(pool, triton_pool.MaxPool2d):
-        return affine_relu_max_pool2d(y, *prologue, pool.kernel_size, pool.stride, pool.padding)
+        sizes = pool.kernel_size, pool.stride, pool.padding
+        if how.stem_bn_in_pool and model.bn1.training and triton_pool.folds_bn(*sizes):
+            return bn_relu_max_pool2d(y, model.bn1, *sizes)
+        return affine_relu_max_pool2d(y, *_bn(y, *sums(y), model.bn1), *sizes)
+    prologue = _bn(y, *sums(y), model.bn1)
     relu = affine_relu if how.mask_from_input else _relu_of_affine
     return pool(relu(y, *prologue))
 
@@ -197,9 +205,10 @@ class FusedResNet(torchvision.models.ResNet):
     memory); the others read it from an elementwise pass, whose ReLU backward masks by the
     convolution output (``mask_from_input``, the default) or by the pass's output;
     ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
-    stem's BN as the others; ``pad_stem`` pads the stem's image to ``STEM_CHANNELS`` channels;
-    ``cast_once`` keeps each weight's cast for the backward (``Fusion``; all on by default, off
-    for the references). The rest is ``ResNet``'s arguments."""
+    stem's BN as the others, and ``stem_bn_in_pool`` inside the Triton pool; ``pad_stem`` pads
+    the stem's image to ``STEM_CHANNELS`` channels; ``cast_once`` keeps each weight's cast for
+    the backward (``Fusion``; all on by default, off for the references). The rest is
+    ``ResNet``'s arguments."""
 
     def __init__(
         self,
@@ -210,13 +219,20 @@ class FusedResNet(torchvision.models.ResNet):
         fuse_stem: bool = True,
         pad_stem: bool = True,
         cast_once: bool = True,
+        stem_bn_in_pool: bool = True,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
         super().__init__(block, layers, **kwargs)
         self.run_block = _bottleneck if block is Bottleneck else _basic
         self.fusion = Fusion(
-            frozenset(fold), mask_from_input, store_block_grad, fuse_stem, pad_stem, cast_once
+            frozenset(fold),
+            mask_from_input,
+            store_block_grad,
+            fuse_stem,
+            pad_stem,
+            cast_once,
+            stem_bn_in_pool,
         )
 
     def forward(self, x: Tensor) -> Tensor:

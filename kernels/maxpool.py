@@ -207,6 +207,65 @@ def _(x, scale, bias, kernel, stride, padding):
     return _pool_outputs(x, kernel, stride, padding)
 
 
+def folds_bn(kernel: int, stride: int, padding: int) -> bool:
+    """Whether ``affine_relu_pool_picked`` and ``affine_relu_pool_backward`` run this pool: the
+    row kernels' (ResNet's stem), while they are on (``ROWS``)."""
+    return ROWS and maxpool_rows.applies(kernel, stride, padding)
+
+
+def _picked_outputs(x, kernel, stride, padding):
+    out, offsets = _pool_outputs(x, kernel, stride, padding)
+    return out, offsets, torch.empty_like(out)
+
+
+@torch.library.custom_op("fasttrain::affine_relu_max_pool2d_picked", mutates_args=())
+def affine_relu_pool_picked(
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, kernel: int, stride: int, padding: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``affine_relu_pool`` and, in the output's shape, the input value each output took: what
+    the BN's scale and bias gradients need (``sum(g * x)`` where the pre-activation is positive),
+    read from the pooled side, a quarter of the input, instead of the input's gradient.
+    Only where ``folds_bn``."""
+    if not folds_bn(kernel, stride, padding):
+        raise ValueError(f"affine_relu_pool_picked: no row kernel for pool {kernel}/{stride}")
+    out, offsets, picked = _picked_outputs(x, kernel, stride, padding)
+    maxpool_rows.forward(x, out, offsets, scale, bias, picked)
+    return out, offsets, picked
+
+
+@affine_relu_pool_picked.register_fake
+def _(x, scale, bias, kernel, stride, padding):
+    return _picked_outputs(x, kernel, stride, padding)
+
+
+@torch.library.custom_op("fasttrain::affine_relu_max_pool2d_backward", mutates_args=())
+def affine_relu_pool_backward(
+    grad: torch.Tensor,
+    offsets: torch.Tensor,
+    y: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    c0: torch.Tensor,
+    c1: torch.Tensor,
+    kernel: int,
+    stride: int,
+    padding: int,
+) -> torch.Tensor:
+    """The gradient of ``y`` through ``max_pool2d(relu(y * scale + bias))`` plus ``c0 + c1 * y``
+    per channel (what a BN's statistics pass back to ``y``), in one pass that writes only it:
+    the pool's gradient is never stored. In ``y``'s layout; only where ``folds_bn``."""
+    if not folds_bn(kernel, stride, padding):
+        raise ValueError(f"affine_relu_pool_backward: no row kernel for pool {kernel}/{stride}")
+    dy = torch.empty_like(y)
+    maxpool_rows.backward(grad, offsets, dy, (y, scale, bias, c0, c1))
+    return dy
+
+
+@affine_relu_pool_backward.register_fake
+def _(grad, offsets, y, scale, bias, c0, c1, kernel, stride, padding):
+    return torch.empty_like(y)
+
+
 @torch.library.custom_op("fasttrain::max_pool2d_backward", mutates_args=())
 def pool_backward(
     grad: torch.Tensor,

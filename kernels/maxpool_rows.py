@@ -28,6 +28,8 @@ import triton.language as tl
 # the fastest of bench/test_kernels.py's sweep (fp16, 256 x 64 x 112 x 112, on an H200)
 TILE_FWD = (14, 8, 64, 2)
 TILE_BWD = (4, 32, 64, 8)
+# the backward with the BN folded in (it also reads the BN's input): its own sweep
+TILE_BN_BWD = (4, 32, 64, 8)
 
 
 def applies(kernel: int, stride: int, padding: int) -> bool:
@@ -52,9 +54,11 @@ def _row_max(
     x_row, row_ok, c, c_ok, sxc, sxw, ow, OW, W, scale, bias,
     AFFINE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """One input row's max over each window's three columns (2ow-1, 2ow, 2ow+1), fp32, and the
-    column (kw) of its first maximum; -inf where the row or column is padding."""
+    """One input row's max over each window's three columns (2ow-1, 2ow, 2ow+1), fp32, the
+    column (kw) of its first maximum and the input there (before the affine + ReLU); -inf where
+    the row or column is padding."""
     best = tl.full((BLOCK_W, BLOCK_C), -float("inf"), tl.float32)
+    raw = tl.full((BLOCK_W, BLOCK_C), -float("inf"), tl.float32)
     # torch starts from the window's first in-bounds column: 2ow - 1 is padding for ow == 0
     arg = tl.zeros((BLOCK_W, BLOCK_C), tl.int32) + tl.where(ow == 0, 1, 0)[:, None]
     for kw in tl.static_range(3):
@@ -63,6 +67,7 @@ def _row_max(
         m = ok[:, None] & c_ok[None, :]
         v = tl.load(x_row + col[:, None] * sxw + c[None, :] * sxc, mask=m, other=-float("inf"))
         v = v.to(tl.float32)
+        x = v
         if AFFINE:  # relu(x * scale + bias) rounded to x's dtype as torch stores it; padding -inf
             z = tl.where(m, v, 0.0) * scale + bias
             z = tl.where(z < 0.0, 0.0, z).to(x_row.dtype.element_ty).to(tl.float32)
@@ -70,15 +75,17 @@ def _row_max(
         take = (v > best) | (v != v)  # as torch: a greater value, or NaN, takes over
         best = tl.where(take, v, best)
         arg = tl.where(take, kw, arg)
-    return best, arg
+        raw = tl.where(take, x, raw)
+    return best, arg, raw
 
 
 @triton.jit
 def _fwd(
-    x_ptr, out_ptr, off_ptr, scale_ptr, bias_ptr,
+    x_ptr, out_ptr, off_ptr, picked_ptr, scale_ptr, bias_ptr,
     C, H, W, OH, OW,
     sxn, sxc, sxh, sxw, son, soc, soh, sow,
-    AFFINE: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+    AFFINE: tl.constexpr, PICKED: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     n, oh0, ow, c, c_ok = _strip(C, OH, ROWS, BLOCK_W, BLOCK_C)
     scale = 0.0
@@ -90,34 +97,35 @@ def _fwd(
     mask = (ow < OW)[:, None] & c_ok[None, :]
     # the strip's first window row, 2 * oh0 - 1 (padding above output row 0)
     ih = 2 * oh0 - 1
-    carry, carry_kw = _row_max(
+    carry, carry_kw, carry_x = _row_max(
         x_n + tl.cast(ih, tl.int64) * sxh, ih >= 0, c, c_ok, sxc, sxw, ow, OW, W, scale, bias,
         AFFINE, BLOCK_W, BLOCK_C,
     )  # fmt: skip
     for oh in range(oh0, tl.minimum(oh0 + ROWS, OH)):
         # torch starts from the window's first in-bounds element: row 2oh - 1 is padding at oh 0
         best = tl.full((BLOCK_W, BLOCK_C), -float("inf"), tl.float32)
+        picked = tl.full((BLOCK_W, BLOCK_C), -float("inf"), tl.float32)
         arg = tl.zeros((BLOCK_W, BLOCK_C), tl.int32) + tl.where(oh == 0, 3, 0)
         arg += tl.where(ow == 0, 1, 0)[:, None]
         take = (carry > best) | (carry != carry)  # window row 0: the carried input row
         best = tl.where(take, carry, best)
         arg = tl.where(take, carry_kw, arg)
+        picked = tl.where(take, carry_x, picked)
         for kh in tl.static_range(1, 3):
             ih = 2 * oh - 1 + kh
             x_row = x_n + tl.cast(ih, tl.int64) * sxh
-            v, v_kw = _row_max(
+            v, v_kw, v_x = _row_max(
                 x_row, ih < H, c, c_ok, sxc, sxw, ow, OW, W, scale, bias, AFFINE, BLOCK_W, BLOCK_C
             )
             take = (v > best) | (v != v)
             best = tl.where(take, v, best)
             arg = tl.where(take, kh * 3 + v_kw, arg)
-            carry, carry_kw = v, v_kw  # after kh 2: the next output row's window row 0
-        out = out_ptr + n * son + tl.cast(oh, tl.int64) * soh
-        tl.store(
-            out + ow[:, None] * sow + c[None, :] * soc,
-            best.to(out_ptr.dtype.element_ty),
-            mask=mask,
-        )
+            picked = tl.where(take, v_x, picked)
+            carry, carry_kw, carry_x = v, v_kw, v_x  # after kh 2: the next output row's row 0
+        at = n * son + tl.cast(oh, tl.int64) * soh + ow[:, None] * sow + c[None, :] * soc
+        tl.store(out_ptr + at, best.to(out_ptr.dtype.element_ty), mask=mask)
+        if PICKED:  # the input each output took, in the output's layout
+            tl.store(picked_ptr + at, picked.to(picked_ptr.dtype.element_ty), mask=mask)
         off = off_ptr + ((n * OH + oh) * OW + ow)[:, None] * C + c[None, :]
         tl.store(off, arg.to(tl.int8), mask=mask)
 
@@ -141,19 +149,43 @@ def _carried(g, o, g1, o1):
 
 
 @triton.jit
+def _put(dx_ptr, y_ptr, row, cols, ga, m, scale, bias, c0, c1, BN: tl.constexpr):
+    """Store an input row's gradient ``ga`` at ``cols`` (offsets from the row, which ``y``
+    shares with ``dx``). With ``BN``, the gradient of the BN + ReLU before the pool instead:
+    ``ga`` rounded as the pool's gradient is stored, masked by the pre-activation recomputed
+    from ``y``, times the scale, plus the statistics' gradient ``c0 + c1 * y`` per channel."""
+    if BN:
+        ga = ga.to(dx_ptr.dtype.element_ty).to(tl.float32)
+        y = tl.load(y_ptr + row + cols, mask=m, other=0.0).to(tl.float32)
+        live = tl.where(y * scale + bias > 0.0, 1.0, 0.0)  # a product, as torch's: NaN stays
+        ga = ga * live * scale + c0 + c1 * y
+    tl.store(dx_ptr + row + cols, ga.to(dx_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _bwd(
-    g_ptr, off_ptr, dx_ptr,
+    g_ptr, off_ptr, dx_ptr, y_ptr, scale_ptr, bias_ptr, c0_ptr, c1_ptr,
     C, H, W, OH, OW,
     sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
-    ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+    BN: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     n, oh0, ow, c, c_ok = _strip(C, OH, ROWS, BLOCK_W, BLOCK_C)
+    scale = 0.0
+    bias = 0.0
+    c0 = 0.0
+    c1 = 0.0
+    if BN:
+        scale = tl.load(scale_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        bias = tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        c0 = tl.load(c0_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        c1 = tl.load(c1_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     ok = (ow < OW)[:, None] & c_ok[None, :]
     # input column 2ow is in window ow only (kw 1); 2ow + 1 in windows ow (kw 2) and ow + 1 (kw 0)
     even_cols = (2 * ow)[:, None] * sdw + c[None, :] * sdc
     odd_cols = (2 * ow + 1)[:, None] * sdw + c[None, :] * sdc
     odd_ok = ok & (2 * ow + 1 < W)[:, None]
-    g_n, o_n, dx_n = g_ptr + n * sgn, off_ptr + n * OH * OW * C, dx_ptr + n * sdn
+    g_n, o_n = g_ptr + n * sgn, off_ptr + n * OH * OW * C
+    dx_n, y_n = dx_ptr + n * sdn, y_ptr + n * sdn
     # input row 2oh + 1 is in output rows oh (kh 2) and oh + 1 (kh 0): what row oh sends it is
     # carried to the next row; a strip starts from the row above it (none above row 0)
     prev = tl.maximum(oh0 - 1, 0)
@@ -167,23 +199,24 @@ def _bwd(
         g, o = _picked(g_row, o_row, c, c_ok, sgc, sgw, ow, OW, C)
         g1, o1 = _picked(g_row, o_row, c, c_ok, sgc, sgw, ow + 1, OW, C)
         # input row 2oh - 1: the carry plus this row's kh 0 (none above output row 0)
-        above = dx_n + tl.cast(2 * oh - 1, tl.int64) * sdh
+        above = tl.cast(2 * oh - 1, tl.int64) * sdh
         even = carry_even + tl.where(o == 1, g, 0.0)
         odd = carry_odd + tl.where(o == 2, g, 0.0) + tl.where(o1 == 0, g1, 0.0)
-        tl.store(above + even_cols, even.to(dx_ptr.dtype.element_ty), mask=ok & (oh > 0))
-        tl.store(above + odd_cols, odd.to(dx_ptr.dtype.element_ty), mask=odd_ok & (oh > 0))
+        m = ok & (oh > 0)
+        _put(dx_n, y_n, above, even_cols, even, m, scale, bias, c0, c1, BN)
+        _put(dx_n, y_n, above, odd_cols, odd, odd_ok & (oh > 0), scale, bias, c0, c1, BN)
         # input row 2oh: this row's kh 1 alone
-        mid = dx_n + tl.cast(2 * oh, tl.int64) * sdh
+        mid = tl.cast(2 * oh, tl.int64) * sdh
         even = tl.where(o == 4, g, 0.0)
         odd = tl.where(o == 5, g, 0.0) + tl.where(o1 == 3, g1, 0.0)
-        tl.store(mid + even_cols, even.to(dx_ptr.dtype.element_ty), mask=ok)
-        tl.store(mid + odd_cols, odd.to(dx_ptr.dtype.element_ty), mask=odd_ok)
+        _put(dx_n, y_n, mid, even_cols, even, ok, scale, bias, c0, c1, BN)
+        _put(dx_n, y_n, mid, odd_cols, odd, odd_ok, scale, bias, c0, c1, BN)
         carry_even, carry_odd = _carried(g, o, g1, o1)
     # the last output row's strip also writes the input's last row, 2 OH - 1, where it exists
     last = (oh_end == OH) & (2 * OH - 1 < H)
-    below = dx_n + tl.cast(2 * OH - 1, tl.int64) * sdh
-    tl.store(below + even_cols, carry_even.to(dx_ptr.dtype.element_ty), mask=ok & last)
-    tl.store(below + odd_cols, carry_odd.to(dx_ptr.dtype.element_ty), mask=odd_ok & last)
+    below = tl.cast(2 * OH - 1, tl.int64) * sdh
+    _put(dx_n, y_n, below, even_cols, carry_even, ok & last, scale, bias, c0, c1, BN)
+    _put(dx_n, y_n, below, odd_cols, carry_odd, odd_ok & last, scale, bias, c0, c1, BN)
 
 
 def forward(
@@ -192,29 +225,45 @@ def forward(
     offsets: torch.Tensor,
     scale: torch.Tensor | None,
     bias: torch.Tensor | None,
+    picked: torch.Tensor | None = None,
 ) -> None:
     """Pool ``x`` (N, C, H, W), or ``relu(x * scale + bias)`` per channel, into ``out`` and its
-    int8 argmax ``offsets`` (N, OH, OW, C)."""
+    int8 argmax ``offsets`` (N, OH, OW, C); with ``picked`` (``out``'s shape and strides), also
+    the input value each output took."""
     n, c, h, w = x.shape
     oh, ow = out.shape[2:]
     rows, bw, bc, warps = TILE_FWD
     affine = scale is not None
+    if picked is not None and picked.stride() != out.stride():
+        raise ValueError("maxpool_rows.forward: picked must have the output's strides")
     grid = (n * triton.cdiv(oh, rows), triton.cdiv(ow, bw), triton.cdiv(c, bc))
     _fwd[grid](
-        x, out, offsets, scale if affine else x, bias if affine else x,
+        x, out, offsets, x if picked is None else picked,
+        scale if affine else x, bias if affine else x,
         c, h, w, oh, ow, *x.stride(), *out.stride(),
-        AFFINE=affine, ROWS=rows, BLOCK_W=bw, BLOCK_C=bc, num_warps=warps,
+        AFFINE=affine, PICKED=picked is not None,
+        ROWS=rows, BLOCK_W=bw, BLOCK_C=bc, num_warps=warps,
     )  # fmt: skip
 
 
-def backward(grad: torch.Tensor, offsets: torch.Tensor, dx: torch.Tensor) -> None:
+def backward(
+    grad: torch.Tensor,
+    offsets: torch.Tensor,
+    dx: torch.Tensor,
+    bn: tuple[torch.Tensor, ...] | None = None,
+) -> None:
     """The input's gradient into ``dx`` (every element written) from the output's ``grad`` and
-    the forward's ``offsets``."""
+    the forward's ``offsets``. With ``bn`` = (y, scale, bias, c0, c1), ``dx`` is instead the
+    gradient of ``y`` through ``relu(y * scale + bias)`` before the pool, plus ``c0 + c1 * y``
+    per channel (the gradient a BN's statistics pass back); ``y`` has ``dx``'s strides."""
     n, c, oh, ow = grad.shape
     h, w = dx.shape[2:]
-    rows, bw, bc, warps = TILE_BWD
+    rows, bw, bc, warps = TILE_BWD if bn is None else TILE_BN_BWD
+    if bn is not None and bn[0].stride() != dx.stride():
+        raise ValueError("maxpool_rows.backward: y must have dx's strides")
+    y, scale, bias, c0, c1 = (dx,) * 5 if bn is None else bn
     grid = (n * triton.cdiv(oh, rows), triton.cdiv(ow, bw), triton.cdiv(c, bc))
     _bwd[grid](
-        grad, offsets, dx, c, h, w, oh, ow, *grad.stride(), *dx.stride(),
-        ROWS=rows, BLOCK_W=bw, BLOCK_C=bc, num_warps=warps,
+        grad, offsets, dx, y, scale, bias, c0, c1, c, h, w, oh, ow, *grad.stride(), *dx.stride(),
+        BN=bn is not None, ROWS=rows, BLOCK_W=bw, BLOCK_C=bc, num_warps=warps,
     )  # fmt: skip

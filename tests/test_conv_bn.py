@@ -1,13 +1,12 @@
 """The fused model path's ops against plain torch: conv_bn and bn_finalize against nn.Conv2d +
 nn.BatchNorm2d + ReLU, forward and backward, running statistics included, eager and compiled;
-the normalise + ReLU passes and the block end; cuDNN's fused forward on a GPU; the stem's
-normalise + ReLU inside the Triton max-pool. The model built from them: test_fused_resnet.py."""
+the normalise + ReLU passes and the block end; cuDNN's fused forward on a GPU. The stem's BN in
+the Triton max-pool: test_bn_pool.py; the model built from them: test_fused_resnet.py."""
 
 import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fasttrain.conv_bn import (
@@ -267,34 +266,3 @@ def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, s
     torch.testing.assert_close(captured[0], again[0])
     for a, b in zip(captured[1:], again[1:], strict=True):  # cuDNN's sums: atomics, any order
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_affine_relu_maxpool_matches_torch(dtype):
-    """The stem's BN normalise + ReLU applied inside the Triton max-pool: the values of
-    max_pool2d(relu(affine(y))), negative scales and zero windows included, exactly in fp16
-    (each normalised value rounded to y's dtype before the max, as torch stores it) and in fp32
-    to within the rounding of the affine (a GPU fuses its multiply-add, torch's eager ops round
-    the product first), and the gradients of y, scale and bias (the pool's gather, then the
-    mask by the recomputed pre-activation)."""
-    from fasttrain.conv_bn import affine, affine_relu_max_pool2d
-
-    g = torch.Generator().manual_seed(7)
-    y = torch.randn(2, 70, 9, 7, generator=g).to(dtype)  # past one 64-wide channel tile
-    y = y.to(memory_format=torch.channels_last).to(DEV)
-    scale = torch.linspace(-1.5, 2.0, 70, device=DEV)
-    bias = torch.linspace(-0.4, 0.6, 70, device=DEV)
-    ours = [t.clone().requires_grad_() for t in (y, scale, bias)]
-    ref = [t.clone().requires_grad_() for t in (y, scale, bias)]
-    out = affine_relu_max_pool2d(*ours, 3, 2, 1)
-    out_ref = F.max_pool2d(torch.relu(affine(*ref)), 3, 2, 1)
-    assert out.dtype == dtype and out.stride() == out_ref.stride()
-    exact = 0 if dtype == torch.float16 else 1e-6
-    torch.testing.assert_close(out, out_ref, rtol=exact, atol=exact)
-    grad = torch.randn(out.shape, generator=g).to(dtype).to(DEV)
-    out.backward(grad)
-    out_ref.backward(grad)
-    assert ours[0].grad.stride() == ref[0].grad.stride()
-    tol = 1e-5 if dtype == torch.float32 else 4e-3  # torch's fp16 backward sums in fp16
-    for a, b in zip(ours, ref, strict=True):
-        torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=tol, atol=tol)

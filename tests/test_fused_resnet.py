@@ -113,15 +113,20 @@ def test_the_fused_forward_traces_without_graph_breaks(
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compiled, monkeypatch):
+@pytest.mark.parametrize(
+    "compiled, bn_in_pool",
+    [(False, True), (False, False), pytest.param(True, True, marks=pytest.mark.slow)],
+)
+def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
+    compiled, bn_in_pool, monkeypatch
+):
     """FusedResNet (its stem's BN run as the others) with fasttrain's max-pool swapped in
-    applies the stem's normalise + ReLU inside it, with the logits, gradients and running
-    statistics of the same model on torch's max-pool (fp32; TF32 convolutions off on a GPU,
-    whose rounding of each input would magnify the pool's one-ulp differences); both compiled
-    into one graph, the same. The pool's backward kernel reads its gradient channels_last, as
-    its tiles need for coalesced loads: compiled, inductor handed it the contiguous layout until
-    the backward asked for channels_last."""
+    applies the stem's normalise + ReLU inside it, or with ``stem_bn_in_pool`` (the default) the
+    whole BN, with the logits, gradients and running statistics of the same model on torch's
+    max-pool (fp32; TF32 convolutions off on a GPU, whose rounding of each input would magnify
+    the pool's one-ulp differences); both compiled into one graph, the same. The pool's backward
+    kernel reads its gradient channels_last, as its tiles need for coalesced loads: compiled,
+    inductor handed it the contiguous layout until the backward asked for channels_last."""
     from fasttrain.kernels import maxpool_rows
     from fasttrain.kernels.maxpool import MaxPool2d
 
@@ -129,7 +134,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
 
     def model(triton: bool) -> torch.nn.Module:
         torch.manual_seed(0)
-        m = fused_resnet.FusedResNet("resnet18", num_classes=5)  # fuse_stem: the default
+        m = fused_resnet.FusedResNet("resnet18", num_classes=5, stem_bn_in_pool=bn_in_pool)
         if triton:
             m.maxpool = MaxPool2d(3, 2, 1)
         return m.to(DEV, memory_format=torch.channels_last)
@@ -143,10 +148,9 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(compile
 
     monkeypatch.setattr(maxpool_rows, "_bwd", Spy())
     calls = []
-    pool = fused_resnet.affine_relu_max_pool2d
-    monkeypatch.setattr(
-        fused_resnet, "affine_relu_max_pool2d", lambda *a: calls.append(1) or pool(*a)
-    )
+    name = "bn_relu_max_pool2d" if bn_in_pool else "affine_relu_max_pool2d"
+    pool = getattr(fused_resnet, name)
+    monkeypatch.setattr(fused_resnet, name, lambda *a: calls.append(1) or pool(*a))
     # batch 4 at 64 px: layer4's BN normalises 16 values per channel (fewer make it near-singular,
     # and a compiled graph's other order of additions would show in the logits)
     x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))

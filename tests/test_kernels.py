@@ -392,6 +392,50 @@ def test_maxpool_row_kernels_match_the_window_kernels(shape, dtype, affine, monk
     assert dx.stride() == want_dx.stride() and torch.equal(dx, want_dx)
 
 
+@pytest.mark.parametrize("shape", [(2, 9, 13, 16), (1, 6, 11, 9)])
+def test_maxpool_row_kernels_pick_and_fold_the_bn(shape, monkeypatch):
+    """The stem's fused pool with the BN folded in (``maxpool.affine_relu_pool_picked`` and
+    ``affine_relu_pool_backward``): the same values and offsets as ``affine_relu_pool``, the
+    input each output took (looked up by its offset), and the input's gradient as torch composes
+    it from the pool's gradient: masked by ``y * scale + bias > 0``, times the scale, plus
+    ``c0 + c1 * y`` (ties, -inf and NaN in ``y``; fp16)."""
+    from fasttrain.kernels import maxpool, maxpool_rows
+
+    monkeypatch.setattr(maxpool_rows, "TILE_FWD", (3, 4, 4, 1))
+    monkeypatch.setattr(maxpool_rows, "TILE_BWD", (3, 4, 4, 1))
+    monkeypatch.setattr(maxpool_rows, "TILE_BN_BWD", (3, 4, 4, 1))
+    g = torch.Generator().manual_seed(sum(shape))
+    y = torch.randint(-2, 3, shape, generator=g).half()
+    y.view(-1)[torch.randperm(y.numel(), generator=g)[:3]] = float("-inf")
+    y.view(-1)[torch.randperm(y.numel(), generator=g)[:2]] = float("nan")
+    y = y.to(memory_format=torch.channels_last).to(DEV)
+    c = shape[1]
+    scale, bias, c0, c1 = (torch.randn(c, generator=g).to(DEV) for _ in range(4))
+    out, offsets, picked = maxpool.affine_relu_pool_picked(y, scale, bias, 3, 2, 1)
+    want_out, want_offsets = maxpool.affine_relu_pool(y, scale, bias, 3, 2, 1)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(offsets, want_offsets) and picked.stride() == out.stride()
+    # the input at each output's argmax: window row kh, column kw from (2 oh - 1, 2 ow - 1)
+    oh, ow = out.shape[2:]
+    o = offsets.permute(0, 3, 1, 2).long()
+    rows = 2 * torch.arange(oh, device=DEV).view(1, 1, -1, 1) - 1 + o // 3
+    cols = 2 * torch.arange(ow, device=DEV).view(1, 1, 1, -1) - 1 + o % 3
+    flat = (rows * shape[3] + cols).flatten(2)
+    want_picked = y.flatten(2).gather(2, flat).view(out.shape)
+    torch.testing.assert_close(picked, want_picked, rtol=0, atol=0, equal_nan=True)
+
+    grad = torch.randint(-8, 9, out.shape, generator=g).half()
+    grad = grad.to(memory_format=torch.channels_last).to(DEV)
+    dy = maxpool.affine_relu_pool_backward(grad, offsets, y, scale, bias, c0, c1, 3, 2, 1)
+    ga = maxpool.pool_backward(grad, offsets, *shape[2:], True, 3, 2, 1)
+    wide, per = y.float(), (lambda v: v.view(1, -1, 1, 1))
+    live = ga.float() * (wide * per(scale) + per(bias) > 0)
+    want = (live * per(scale) + per(c0) + per(c1) * wide).half()
+    assert dy.stride() == y.stride()
+    # fp32 arithmetic rounded once to fp16 both ways; a GPU may fuse a multiply-add
+    torch.testing.assert_close(dy, want, rtol=1e-3, atol=1e-3, equal_nan=True)
+
+
 def test_maxpool_swaps_into_the_model_with_the_same_state_dict_and_outputs():
     from fasttrain.kernels.maxpool import MaxPool2d
 
