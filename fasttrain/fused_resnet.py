@@ -105,7 +105,7 @@ class Fusion:
     fuse_stem: bool = True
     pad_stem: bool = True
     cast_once: bool = True
-    stem_bn_in_pool: bool = True
+    stem_bn_in_pool: bool = False
 
 
 def _conv(
@@ -219,7 +219,7 @@ class FusedResNet(torchvision.models.ResNet):
         fuse_stem: bool = True,
         pad_stem: bool = True,
         cast_once: bool = True,
-        stem_bn_in_pool: bool = True,
+        stem_bn_in_pool: bool = False,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
