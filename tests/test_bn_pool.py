@@ -49,12 +49,14 @@ def test_affine_relu_maxpool_matches_torch(dtype):
     "total, total_sq",
     [
         (torch.tensor([3.0, -1.5, 0.25]), torch.tensor([5.0, 2.0, 0.5])),
-        (torch.tensor([2.0, 1.0, -3.0]), torch.tensor([1.0, 0.1, 2.25])),  # var 0, < 0, 0
+        # the middle channel's variance comes out below 0 and is clamped (exactly 0, torch
+        # versions differ on whether clamp_min passes the gradient: 2.11 does, 2.14 not)
+        (torch.tensor([2.0, 1.0, -3.0]), torch.tensor([1.5, 0.1, 2.5])),
     ],
 )
 def test_bn_finalize_backward_is_autograds_gradient_of_bn_finalize(total, total_sq):
     """The statistics' gradients ``bn_finalize_backward`` computes by formula are those autograd
-    takes through ``bn_finalize`` (fp64), where the variance is 0 or clamped up to it too."""
+    takes through ``bn_finalize`` (fp64), where the variance is clamped up to 0 too."""
     bn = nn.BatchNorm2d(3).double()
     with torch.no_grad():
         bn.weight.copy_(torch.tensor([1.5, -0.7, 0.9]))
