@@ -259,7 +259,7 @@ def _stem_input():
 
 @pytest.mark.benchmark(group="kernels: stem BN + ReLU + max-pool, fwd+bwd, compiled")
 @pytest.mark.parametrize(
-    "impl", ["BN in the pool (the default)", "normalise + ReLU in the pool", "torch modules"]
+    "impl", ["whole BN in the pool", "normalise + ReLU in the pool (the default)", "torch modules"]
 )
 def test_stem_bn_relu_maxpool(benchmark, impl):
     """What the fused path's stem runs after its convolution, forward + backward at batch 256
@@ -276,7 +276,7 @@ def test_stem_bn_relu_maxpool(benchmark, impl):
     y.requires_grad_(True)
     bn = torch.nn.BatchNorm2d(64).cuda()
     count = y.shape[0] * y.shape[2] * y.shape[3]
-    if impl.startswith("BN in"):
+    if impl.startswith("whole"):
         fn = lambda t: bn_relu_max_pool2d(t, bn, 3, 2, 1)  # noqa: E731
     elif impl.startswith("normalise"):
         fn = lambda t: affine_relu_max_pool2d(t, *bn_finalize(*sums(t), count, bn), 3, 2, 1)  # noqa: E731

@@ -200,12 +200,12 @@ def test_fused_bn_pool_kernels(benchmark, pool, mode, monkeypatch):
 
 @pytest.mark.benchmark(group="fused-bn stem BN in the pool")
 @pytest.mark.parametrize("mode", ["default", "auto"])
-@pytest.mark.parametrize("stem", ["whole BN in the pool (the default)", "normalise + ReLU only"])
+@pytest.mark.parametrize("stem", ["whole BN in the pool", "normalise + ReLU only (the default)"])
 def test_fused_bn_stem_bn_in_pool(benchmark, stem, mode, monkeypatch):
     """The fp16 --fused-bn step at batch 256 with its stem's whole BN inside the Triton max-pool,
     whose backward writes the convolution output's gradient in one pass
     (``FusedResNet(stem_bn_in_pool=True)``), or only its normalise + ReLU, the BN's backward
-    left to inductor: in ``default`` mode and under ``--compile-mode auto``."""
+    left to inductor (the default): in ``default`` mode and under ``--compile-mode auto``."""
     tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
     whole = stem.startswith("whole")
     time_fused_variant(benchmark, monkeypatch, "maxpool", overrides=tuned, stem_bn_in_pool=whole)

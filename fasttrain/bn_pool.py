@@ -19,7 +19,8 @@ input's gradient:
   pool, mask, scale and statistics together.
 
 The same values and gradients as ``affine_relu_max_pool2d`` (up to the order of fp32 sums and
-one fp16 rounding fewer), which stays the reference, and runs where the row kernels do not.
+one fp16 rounding fewer), which stays the default: on an H200 this took less GPU time alone
+(957 against 1,133 us) but made the step no faster (``FusedResNet(stem_bn_in_pool=...)``).
 """
 
 from __future__ import annotations

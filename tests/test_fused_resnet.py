@@ -121,7 +121,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
     compiled, bn_in_pool, monkeypatch
 ):
     """FusedResNet (its stem's BN run as the others) with fasttrain's max-pool swapped in
-    applies the stem's normalise + ReLU inside it, or with ``stem_bn_in_pool`` (the default) the
+    applies the stem's normalise + ReLU inside it, or with ``stem_bn_in_pool`` the
     whole BN, with the logits, gradients and running statistics of the same model on torch's
     max-pool (fp32; TF32 convolutions off on a GPU, whose rounding of each input would magnify
     the pool's one-ulp differences); both compiled into one graph, the same. The pool's backward
