@@ -17,7 +17,10 @@ path's stem, whose BN output is then never written), held to ``F.max_pool2d`` of
 
 ResNet's 3x3/2 pad-1 pool runs ``maxpool_rows``' kernels, which stream rows instead of gathering
 windows (about twice as fast); the window kernels here run every other pool and are their
-reference (``ROWS``).
+reference (``ROWS``). For that pool only (``folds_bn``),
+``fasttrain::affine_relu_max_pool2d_picked`` also returns the input each output took, and
+``fasttrain::affine_relu_max_pool2d_backward`` writes the gradient of the BN's input through the
+affine + ReLU and the pool in one pass (``fasttrain.bn_pool.bn_relu_max_pool2d``).
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ the two output rows that hold it:
   covers and, carried, to the row it shares with the next output row.
 
 The same values and argmax offsets (int8, ``kh * 3 + kw``, as ``maxpool``'s) as the window
-kernels, which stay the reference and run every other pool. Channels are the contiguous
-dimension in channels_last, so each load is a run of whole pixels.
+kernels, which stay the reference and run every other pool. The forward can also store the
+input each output took (``picked``), and the backward can finish a BN's backward as it writes
+(``bn``: the mask, the scale and the statistics' share), for ``fasttrain.bn_pool``. Channels
+are the contiguous dimension in channels_last, so each load is a run of whole pixels.
 """
 
 from __future__ import annotations
