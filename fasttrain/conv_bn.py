@@ -263,7 +263,9 @@ def bn_finalize_backward(
     # scale = gamma * rsqrt(var + eps), bias = beta - mean * scale
     reaches_scale = grad_scale - mean * grad_bias
     grad_var = -0.5 * reaches_scale * scale / (var.clamp_min(0) + eps)
-    grad_var = torch.where(var > 0, grad_var, 0)  # what clamp_min(0)'s gradient passes
+    # clamp_min(0) passes no gradient below 0; at exactly 0 torch 2.14's passes none and 2.11's
+    # passes it (a constant channel): this follows 2.14
+    grad_var = torch.where(var > 0, grad_var, 0)
     grad_mean = -scale * grad_bias - 2 * mean * grad_var
     return grad_mean / count, grad_var / count
 
