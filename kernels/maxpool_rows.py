@@ -205,8 +205,7 @@ def _bwd(
         above = tl.cast(2 * oh - 1, tl.int64) * sdh
         even = carry_even + tl.where(o == 1, g, 0.0)
         odd = carry_odd + tl.where(o == 2, g, 0.0) + tl.where(o1 == 0, g1, 0.0)
-        m = ok & (oh > 0)
-        _put(dx_n, y_n, above, even_cols, even, m, scale, bias, c0, c1, BN)
+        _put(dx_n, y_n, above, even_cols, even, ok & (oh > 0), scale, bias, c0, c1, BN)
         _put(dx_n, y_n, above, odd_cols, odd, odd_ok & (oh > 0), scale, bias, c0, c1, BN)
         # input row 2oh: this row's kh 1 alone
         mid = tl.cast(2 * oh, tl.int64) * sdh
