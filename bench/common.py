@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from fasttrain.builder import AMP_DTYPES, build_training
 from fasttrain.config import Config, OptimConfig
 from fasttrain.data.synthetic import SyntheticLoader
-from fasttrain.distributed import DistState
-from fasttrain.metrics import DeviceMeter
-from fasttrain.plan import Plan
-from fasttrain.runtime import configure_backends
+from fasttrain.dist.state import DistState
+from fasttrain.metrics.log import DeviceMeter
+from fasttrain.run.build import AMP_DTYPES, build_training
+from fasttrain.run.runtime import configure_backends
+from fasttrain.step.plan import Plan
 
 
 def loader_args(batch: int, image_size: int, device: torch.device) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttrain.distributed import claim_hardware_queues
+from fasttrain.dist.state import claim_hardware_queues
 
 claim_hardware_queues()  # as the trainer does, before any benchmark starts CUDA
 
@@ -33,7 +33,7 @@ def bench_data(request: pytest.FixtureRequest) -> Path:
     given = request.config.getoption("--bench-data")
     if given:
         return Path(given)
+    from fasttrain.config.paths import cache_dir
     from fasttrain.data.sample import build_sample
-    from fasttrain.paths import cache_dir
 
     return build_sample(cache_dir())

@@ -21,7 +21,7 @@ import torch
 from conv_bn_layers import layers, ms, parse_args  # bench/conv_bn_layers.py, beside this file
 from torch import Tensor
 
-from fasttrain.cudnn_graph import select_fastest
+from fasttrain.model.cudnn.graph import select_fastest
 
 HEURISTICS = ("A", "B", "FALLBACK")
 

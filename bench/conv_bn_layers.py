@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from fasttrain import cudnn_conv_bn
-from fasttrain.conv_bn import reference
+from fasttrain.model.cudnn import conv_bn as cudnn_conv_bn
+from fasttrain.model.ops.conv_bn import reference
 
 
 def layers(arch: str, size: int) -> Counter:

@@ -41,8 +41,8 @@ DEFAULT_FLAGS = ["--config", str(REPO / "configs" / "sample.yaml"), "--compile",
 
 def sample_set(per_class: int) -> tuple[Path, int]:
     """The built-in sample set with ``per_class`` train images per class (built once, cached)."""
+    from fasttrain.config.paths import cache_dir
     from fasttrain.data.sample import SampleSpec, build_sample
-    from fasttrain.paths import cache_dir
 
     spec = SampleSpec(train_per_class=per_class)
     return build_sample(cache_dir(), spec), spec.classes * per_class

@@ -23,7 +23,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from fasttrain.breakdown import window_of
+from fasttrain.metrics.breakdown import window_of
 
 # (class, substrings of a kernel's lower-cased name), first match wins
 CLASSES = (

@@ -90,7 +90,7 @@ def test_sgd(benchmark, impl):
     import torchvision
     from fasttrain.kernels.sgd import FusedSGD
 
-    from fasttrain.model import param_groups
+    from fasttrain.model.build import param_groups
 
     model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
     groups = param_groups(model, 5e-5, bn_weight_decay=False)
@@ -269,8 +269,8 @@ def test_stem_bn_relu_maxpool(benchmark, impl):
     ``nn.BatchNorm2d``, ReLU and ``F.max_pool2d`` as inductor compiles them."""
     import torch.nn.functional as F
 
-    from fasttrain.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
-    from fasttrain.conv_bn import bn_finalize, sums
+    from fasttrain.model.ops.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
+    from fasttrain.model.ops.conv_bn import bn_finalize, sums
 
     y, grad = _stem_input()
     y.requires_grad_(True)

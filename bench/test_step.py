@@ -21,7 +21,7 @@ import pytest
 import torch
 from common import make_step  # bench/common.py (pytest puts bench/ on sys.path via rootdir)
 
-from fasttrain.resolve import FASTEST_INDUCTOR_OPTIONS
+from fasttrain.run.resolve import FASTEST_INDUCTOR_OPTIONS
 
 BATCH, BLOCK = 256, 25
 
@@ -112,7 +112,7 @@ def time_fused_variant(
     """The fp16 --fused-bn step at batch 256 with ``FusedResNet(**options)`` as the model that
     ``build_model`` constructs, the ``--triton-kernels`` named and the settings ``overrides``
     (``make_step``'s), and its peak memory."""
-    import fasttrain.fused_resnet as fused_resnet
+    import fasttrain.model.fused_resnet as fused_resnet
 
     class Variant(fused_resnet.FusedResNet):
         def __init__(self, arch: str, **kwargs):

@@ -68,7 +68,7 @@ class Traffic:
 
 def build(arch: str, path: str) -> nn.Module:
     """The model of ``path`` (one of ``PATHS``), same weights for the same seed."""
-    from fasttrain.fused_resnet import ALL, FusedResNet
+    from fasttrain.model.fused_resnet import ALL, FusedResNet
 
     torch.manual_seed(0)
     if path == "plain":

@@ -20,8 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fasttrain.cli import Parser
-from fasttrain.watchdog import bound_exit
+from fasttrain.config.cli import Parser
+from fasttrain.run.watchdog import bound_exit
 
 
 def say(msg: str) -> None:
@@ -29,8 +29,8 @@ def say(msg: str) -> None:
 
 
 def check_data(argv: Sequence[str]) -> int:
+    from fasttrain.config.paths import default_exclude_list
     from fasttrain.data.check import find_bad_files, write_exclude_list
-    from fasttrain.paths import default_exclude_list
 
     p = Parser(
         prog="python -m fasttrain check-data",
@@ -89,8 +89,8 @@ def check_data(argv: Sequence[str]) -> int:
 
 
 def profile_summary(argv: Sequence[str]) -> int:
-    from fasttrain.breakdown import find_traces, summarize, table
     from fasttrain.errors import UserError
+    from fasttrain.metrics.breakdown import find_traces, summarize, table
 
     p = Parser(
         prog="python -m fasttrain profile-summary",
@@ -121,7 +121,7 @@ def profile_summary(argv: Sequence[str]) -> int:
 
 
 def export(argv: Sequence[str]) -> int:
-    from fasttrain.weights import export_state_dict, read_state_dict
+    from fasttrain.run.weights import export_state_dict, read_state_dict
 
     p = Parser(
         prog="python -m fasttrain export",
@@ -202,11 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["evaluate"]:
         argv = evaluate_argv(argv[1:])
     if not (argv[:1] and argv[0] in SUBCOMMANDS) and ("-h" in argv or "--help" in argv):
-        from fasttrain.cli import build_parser
+        from fasttrain.config.cli import build_parser
 
         build_parser().print_help()  # before torch is imported: --help answers at once
         return 0
-    from fasttrain.distributed import claim_hardware_queues
+    from fasttrain.dist.state import claim_hardware_queues
 
     claim_hardware_queues()  # before CUDA starts; torchrun's workers inherit it
     import torch
@@ -228,10 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         launched = launch(argv)
         if launched is not None:
             return launched
-        from fasttrain.cli import parse_args
-        from fasttrain.distributed import DistState
-        from fasttrain.paths import cache_dir
-        from fasttrain.resolve import resolve
+        from fasttrain.config.cli import parse_args
+        from fasttrain.config.paths import cache_dir
+        from fasttrain.dist.state import DistState
+        from fasttrain.run.resolve import resolve
 
         cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
         dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
@@ -253,11 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
                 t_start = time.perf_counter()  # a one-off build is not part of start-up cost
             if cfg.run.test_only:
-                from fasttrain.evaluate_only import evaluate_only
+                from fasttrain.run.evaluate_only import evaluate_only
 
                 evaluate_only(cfg, dist)
             else:
-                from fasttrain.train import train
+                from fasttrain.run.train import train
 
                 train(cfg, dist, t_start)
         finally:

@@ -104,7 +104,7 @@ def env_report() -> str:
     mismatch = dali_cuda_mismatch(torch.version.cuda)
     if mismatch:
         lines.append(f"  warning: {mismatch}")
-    from fasttrain.distributed import HW_QUEUES_ENV
+    from fasttrain.dist.state import HW_QUEUES_ENV
 
     lines.append(f"CUDA queues  {HW_QUEUES_ENV}={os.environ.get(HW_QUEUES_ENV, 'unset (8)')}")
     if torch.cuda.is_available():

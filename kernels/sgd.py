@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasttrain.optim import InPlaceGradients
+from fasttrain.step.optim import InPlaceGradients
 
 BLOCK = 1024
 

@@ -123,7 +123,7 @@ def make_tree(root: Path, files: list[str]) -> None:
 
 
 def last_checkpoint(run_dir: Path) -> dict:
-    from fasttrain import checkpoint as ckpt
+    from fasttrain.run import checkpoint as ckpt
 
     return torch.load(ckpt.list_checkpoints(run_dir)[0], weights_only=True)
 
@@ -154,7 +154,7 @@ def assert_exact_resume(run: Run, common: list, tmp_path: Path, steps: int) -> N
 
 def constant_lr(lr: float):
     """A schedule that holds ``lr`` at every step, for step-level tests."""
-    from fasttrain.optim import Schedule
+    from fasttrain.step.optim import Schedule
 
     return Schedule(
         peak_lr=lr,

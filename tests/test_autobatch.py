@@ -2,7 +2,7 @@
 
 import pytest
 
-from fasttrain.autobatch import LIMIT, MULTIPLE, search
+from fasttrain.run.autobatch import LIMIT, MULTIPLE, search
 
 
 @pytest.mark.parametrize("capacity", [8, 9, 63, 64, 100, 1000, 2999, 3000, 5000])
@@ -31,10 +31,10 @@ def test_auto_measures_each_train_size_largest_first_and_keeps_the_larger_batche
     from the batch found above it; sizes that fit more than the largest keep their own."""
     import torch
 
-    from fasttrain import autobatch
-    from fasttrain.autobatch import Found, auto_batch_size
     from fasttrain.config import Config
-    from fasttrain.distributed import DistState
+    from fasttrain.dist.state import DistState
+    from fasttrain.run import autobatch
+    from fasttrain.run.autobatch import Found, auto_batch_size
 
     searched = []
 

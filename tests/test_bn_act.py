@@ -7,8 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from fasttrain.bn_act import batch_norm_act, bn_act, bn_act_backward, pack_mask, unpack_mask
-from fasttrain.bn_act_resnet import BNActResNet
+from fasttrain.model.bn_act_resnet import BNActResNet
+from fasttrain.model.ops.bn_act import (
+    batch_norm_act,
+    bn_act,
+    bn_act_backward,
+    pack_mask,
+    unpack_mask,
+)
 from tests.conftest import assert_matches_torchvision
 
 
@@ -106,8 +112,8 @@ def test_cudnn_bn_matches_the_reference(c, size, dtype):
     backward against the references, for each pattern the model uses; cuDNN must run them all
     (an H200 with cuDNN 9.19 does: BENCHMARKS.md); the op replays from a CUDA graph."""
     pytest.importorskip("cudnn")
-    from fasttrain import bn_act as ops
-    from fasttrain import cudnn_bn
+    from fasttrain.model.cudnn import bn as cudnn_bn
+    from fasttrain.model.ops import bn_act as ops
 
     dev = "cuda"
     x = (_x(32, c, size, size, dtype=torch.float32, device=dev) * 2 + 0.5).to(dtype)

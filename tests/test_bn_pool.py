@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasttrain.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
-from fasttrain.conv_bn import affine, bn_finalize, bn_finalize_backward, sums
+from fasttrain.model.ops.bn_pool import affine_relu_max_pool2d, bn_relu_max_pool2d
+from fasttrain.model.ops.conv_bn import affine, bn_finalize, bn_finalize_backward, sums
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from fasttrain import checkpoint as ckpt
-from fasttrain import resume
 from fasttrain.errors import UserError
+from fasttrain.run import checkpoint as ckpt
+from fasttrain.run import resume
 
 
 def state(step: int, size: int = 10) -> dict:
@@ -64,7 +64,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_p
     # a real writer process, killed with SIGKILL while its (large) checkpoint is part-way written
     code = textwrap.dedent(f"""
         import torch
-        from fasttrain import checkpoint as ckpt
+        from fasttrain.run import checkpoint as ckpt
         big = {{"model": {{"w": torch.ones(200_000_000)}}, "optimizer": {{}}, "step": 2,
                 "epoch": 0, "loader": {{}}, "config": {{}}}}
         ckpt.save_checkpoint(big, {str(tmp_path)!r}, 2, keep=5)

@@ -7,13 +7,13 @@ import pytest
 import torch
 import yaml
 
-from fasttrain.cli import build_parser, load_yaml, parse_args, save_resolved
 from fasttrain.config import OPTIONS, SECTIONS, Config
-from fasttrain.distributed import DistState
+from fasttrain.config.cli import build_parser, load_yaml, parse_args, save_resolved
+from fasttrain.config.paths import config_dir
+from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
-from fasttrain.paths import config_dir
-from fasttrain.resolve import FASTEST_COMPILE_MODE, inductor_options, resolve
-from fasttrain.step import compile_kwargs
+from fasttrain.run.resolve import FASTEST_COMPILE_MODE, inductor_options, resolve
+from fasttrain.step.step import compile_kwargs
 
 
 def launch(cuda: bool = True, world: int = 1, nodes: int = 1) -> DistState:
@@ -79,10 +79,13 @@ def test_the_schema_imports_nothing_of_the_package_and_parsing_no_torch():
     code = (
         "import sys, fasttrain.config as c; "
         "print(sorted(m for m in sys.modules if m.startswith('fasttrain'))); "
-        "import fasttrain.cli; print('torch' in sys.modules)"
+        "import fasttrain.config.cli; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[:2] == ["['fasttrain', 'fasttrain.config']", "False"]
+    loaded, torch_loaded = out.stdout.split("\n")[:2]
+    outside = [m for m in eval(loaded) if m != "fasttrain" and not m.startswith("fasttrain.config")]
+    assert outside == [] and "fasttrain.config.schema" in loaded
+    assert torch_loaded == "False"
 
 
 def test_flags_that_measured_no_gain_are_gone():
@@ -227,7 +230,7 @@ def test_shipped_recipes_are_valid():
         resolved(["--config", str(config_dir() / name), "--data", "/d"])  # resolves too
     v2 = resolved(["--config", str(config_dir() / "resnet50_tv_v2.yaml"), "--data", "/d"])
     # torchvision's recipe at its own global batch (8 x 128): its LR of 0.5
-    from fasttrain.optim import build_schedule
+    from fasttrain.step.optim import build_schedule
 
     assert build_schedule(v2.optim, 1024, 1251, 600).peak_lr == pytest.approx(0.5)
     assert (v2.data.image_size, v2.data.val_resize_size, v2.data.val_crop_size) == (176, 232, 224)
@@ -235,7 +238,7 @@ def test_shipped_recipes_are_valid():
     fast = resolved(["--config", str(config_dir() / "resnet50_fast.yaml"), "--data", "/d"])
     ffcv = build_schedule(fast.optim, 4096, 312, 40)
     assert ffcv.peak_lr == pytest.approx(1.7) and ffcv.kind == "poly" and ffcv.power == 1
-    from fasttrain.resolution import train_resolution
+    from fasttrain.config.resolution import train_resolution
 
     ramp = train_resolution(fast.data)
     assert [ramp.size_at(e) for e in (0, 29, 30, 31, 32, 33, 34, 39)] == [160] * 4 + [192] * 4
@@ -408,7 +411,7 @@ def test_auto_batch_size_needs_a_gpu():
 
 def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypatch):
     from fasttrain.config import TrainConfig
-    from fasttrain.parallel import ddp_bucket_cap_mb
+    from fasttrain.dist.parallel import ddp_bucket_cap_mb
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     here = DistState.from_env("cpu")  # one process: no process group
@@ -443,7 +446,7 @@ def _check_bn_path(monkeypatch, flag, amp, refusals, missing_frontend):
     """A cuDNN BN path on a GPU: its default ``amp``, fp16 taken, each of ``refusals`` (extra
     flags: message) refused, the frontend's absence named; on the CPU the reference runs, with
     a note."""
-    from fasttrain import cudnn_graph
+    from fasttrain.model.cudnn import graph as cudnn_graph
 
     monkeypatch.setattr(cudnn_graph, "available", lambda: True)
     cfg = resolved(["--data", "/d", flag])
@@ -515,7 +518,7 @@ def test_yaml_takes_torchvisions_scheduler_names(tmp_path):
 
 @pytest.mark.parametrize("scaling, peak", [("linear", 0.4), ("none", 0.1)])
 def test_lr_scaling_reads_lr_per_256_images_or_as_the_rate_itself(scaling, peak):
-    from fasttrain.optim import build_schedule
+    from fasttrain.step.optim import build_schedule
 
     cfg = parse_args(["--data", "/d", "--lr", "0.1", "--lr-scaling", scaling], True)[0]
     schedule = build_schedule(cfg.optim, global_batch=1024, steps_per_epoch=10, epochs=2)
@@ -536,7 +539,7 @@ def test_cudnn_bn_runs_in_bf16_or_fp16_on_a_gpu_and_refuses_what_it_cannot_run(m
 
 
 def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
-    from fasttrain import cudnn_graph
+    from fasttrain.model.cudnn import graph as cudnn_graph
 
     monkeypatch.setattr(cudnn_graph, "available", lambda: True)
     with pytest.raises(UserError, match=r"atomic adds .* leave out --deterministic or --fused-bn"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fasttrain.conv_bn import (
+from fasttrain.model.ops.conv_bn import (
     affine,
     affine_relu,
     bn_finalize,
@@ -223,8 +223,8 @@ def test_cudnn_conv_bn_matches_the_reference_in_fp16(c, k, r, stride, padding, s
     """cuDNN's fused forward, where it runs, against the reference; the custom op on CUDA runs
     it (or the reference), also replayed from a CUDA graph with new inputs."""
     pytest.importorskip("cudnn")
-    from fasttrain import cudnn_conv_bn
-    from fasttrain.conv_bn import reference
+    from fasttrain.model.cudnn import conv_bn as cudnn_conv_bn
+    from fasttrain.model.ops.conv_bn import reference
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasttrain.cudnn_graph import select_fastest
+from fasttrain.model.cudnn.graph import select_fastest
 
 
 class _Graph:

@@ -180,7 +180,7 @@ def test_check_data_lists_bad_files_and_training_leaves_them_out(
     listed = {line.split("\t")[0] for line in out.splitlines()}
     assert listed == {str(p) for p in bad}
     assert "4 of 292 images failed to decode" in err
-    from fasttrain.paths import default_exclude_list
+    from fasttrain.config.paths import default_exclude_list
 
     assert read_exclude_list(default_exclude_list(data)) == {str(p) for p in bad}
 

@@ -18,11 +18,11 @@ from torch import nn
 
 from fasttrain.config import OptimConfig, TrainConfig
 from fasttrain.data.torchvision import TrainSampler
-from fasttrain.distributed import CollectiveTimeout, DistState
-from fasttrain.metrics import DeviceMeter
-from fasttrain.optim import build_optimizer
-from fasttrain.parallel import wrap_model
-from fasttrain.step import build_step
+from fasttrain.dist.parallel import wrap_model
+from fasttrain.dist.state import CollectiveTimeout, DistState
+from fasttrain.metrics.log import DeviceMeter
+from fasttrain.step.optim import build_optimizer
+from fasttrain.step.step import build_step
 from tests.conftest import FAST, constant_lr, last_checkpoint
 
 pytestmark = pytest.mark.dist
@@ -386,8 +386,8 @@ def test_evaluate_on_two_processes_counts_every_image_once(tiny_data, tmp_path):
 def _fused_bn_worker(rank: int, world: int, port: int, out: str) -> None:
     """Two DDP steps of the fused ResNet on this rank's own batch, then the BN averaging that
     precedes evaluation and checkpoints."""
-    from fasttrain.fused_resnet import FusedResNet
-    from fasttrain.parallel import average_bn_statistics
+    from fasttrain.dist.parallel import average_bn_statistics
+    from fasttrain.model.fused_resnet import FusedResNet
 
     dist = join(rank, world, port, timeout_s=120)
     torch.manual_seed(0)

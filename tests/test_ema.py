@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from fasttrain import checkpoint as ckpt
-from fasttrain.ema import ModelEma
+from fasttrain.run import checkpoint as ckpt
+from fasttrain.step.ema import ModelEma
 from tests.conftest import FAST
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from fasttrain.erase import Eraser, apply
+from fasttrain.step.erase import Eraser, apply
 
 N, C, H, W = 4, 3, 20, 24
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fasttrain.__main__ import main
-from fasttrain.step import EagerStep
+from fasttrain.step.step import EagerStep
 from tests.conftest import FAST, last_checkpoint, make_tree
 
 
@@ -222,8 +222,8 @@ def test_a_failed_checkpoint_write_is_loud_and_keeps_the_previous(
     saved = last_checkpoint(out)
     assert saved["step"] == 2
     # the free-space check's estimate against this real checkpoint (resnet18 and its momentum)
-    from fasttrain import checkpoint as ckpt
-    from fasttrain.model import build_model
+    from fasttrain.model.build import build_model
+    from fasttrain.run import checkpoint as ckpt
 
     heads = saved["model"]["fc.bias"].numel()
     estimate = ckpt.checkpoint_bytes(build_model("resnet18", heads, True, torch.device("cpu")))
@@ -238,7 +238,7 @@ def test_a_full_output_disk_is_found_before_training(
     """resnet18's checkpoint is about 85 MiB: with 1 MiB free the run stops before its first
     step with one line; with 150 MiB it would hold fewer than --keep-checkpoints 3 of them, so it
     trains and warns (the save itself then fails loudly, the test above)."""
-    from fasttrain import checkpoint as ckpt
+    from fasttrain.run import checkpoint as ckpt
 
     real = shutil.disk_usage
     monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda p: real(p)._replace(free=free_mib << 20))
@@ -321,8 +321,8 @@ def test_python_warnings_go_into_the_log_and_above_the_progress_bar(tmp_path, ca
     import logging
     import warnings
 
-    from fasttrain.distributed import DistState
-    from fasttrain.runtime import setup_logging
+    from fasttrain.dist.state import DistState
+    from fasttrain.run.runtime import setup_logging
 
     setup_logging(tmp_path, DistState(0, 0, 1, torch.device("cpu")))
     with warnings.catch_warnings():

@@ -126,7 +126,7 @@ def test_a_run_branching_from_an_older_step_keeps_its_own_checkpoints(run, tiny_
     """Resume from a copy of step 3 into a folder that still holds the abandoned run's step 6,
     keeping one checkpoint: the new checkpoints survive pruning, the abandoned ones move aside
     (so --resume auto takes the new lineage), and a dead writer's temporary file goes."""
-    from fasttrain import checkpoint as ckpt
+    from fasttrain.run import checkpoint as ckpt
 
     out = tmp_path / "run"
     flags = ["--data", tiny_data, *FAST, "--eval-every", "0", "--output-dir", out]
@@ -328,9 +328,9 @@ def test_dalis_reader_failing_on_a_zero_byte_file_is_one_line_naming_it(run, tin
 PAUSED_EVAL = """
 import sys, time
 from pathlib import Path
-import fasttrain.watchdog
-from fasttrain.evaluate import Evaluator
-fasttrain.watchdog.STOP_BOUND_S = {stop_bound}
+import fasttrain.run.watchdog
+from fasttrain.step.evaluate import Evaluator
+fasttrain.run.watchdog.STOP_BOUND_S = {stop_bound}
 original = Evaluator._logits
 
 def paused(self, *args, **kwargs):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torchvision
 
-from fasttrain.fused_resnet import FusedResNet
+from fasttrain.model.fused_resnet import FusedResNet
 from tests.conftest import assert_matches_torchvision, randn_nhwc
 
 # the Triton max-pool runs on the GPU where there is one, else interpreted on the CPU
@@ -60,7 +60,7 @@ def test_the_padded_stem_convolution_is_the_convolution(channels):
     """``_stem_conv`` pads an image of fewer than 4 channels and the weights with zero channels:
     the same output (channels_last kept) and the same weight and bias gradients as the
     convolution itself, fp64; an image of 4 channels is left as it is."""
-    from fasttrain.fused_resnet import Fusion, _stem_conv
+    from fasttrain.model.fused_resnet import Fusion, _stem_conv
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(channels, 8, 7, 2, 3, bias=True).double()
@@ -130,7 +130,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
     from fasttrain.kernels import maxpool_rows
     from fasttrain.kernels.maxpool import MaxPool2d
 
-    import fasttrain.fused_resnet as fused_resnet
+    import fasttrain.model.fused_resnet as fused_resnet
 
     def model(triton: bool) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -233,7 +233,7 @@ def test_the_fused_model_needs_no_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"  # any import of triton now fails
         "import torch\n"
-        "from fasttrain.fused_resnet import FusedResNet\n"
+        "from fasttrain.model.fused_resnet import FusedResNet\n"
         "m = FusedResNet('resnet18', num_classes=3)\n"
         "m(torch.randn(2, 3, 32, 32)).sum().backward()\n"
         "assert 'fasttrain.kernels.maxpool' not in sys.modules\n"

@@ -11,16 +11,16 @@ from torch import nn
 
 from fasttrain.config import OptimConfig
 from fasttrain.data.folder import scan_folder
-from fasttrain.ema import ModelEma
-from fasttrain.erase import Eraser
-from fasttrain.evaluate import Evaluator
-from fasttrain.metrics import DeviceMeter, Metrics
-from fasttrain.mix import Mixer
-from fasttrain.model import build_model
-from fasttrain.optim import build_optimizer, build_schedule
-from fasttrain.plan import Plan
-from fasttrain.profiling import StepTimer
-from fasttrain.step import GraphedStep, build_step
+from fasttrain.metrics.log import DeviceMeter, Metrics
+from fasttrain.metrics.profiling import StepTimer
+from fasttrain.model.build import build_model
+from fasttrain.step.ema import ModelEma
+from fasttrain.step.erase import Eraser
+from fasttrain.step.evaluate import Evaluator
+from fasttrain.step.mix import Mixer
+from fasttrain.step.optim import build_optimizer, build_schedule
+from fasttrain.step.plan import Plan
+from fasttrain.step.step import GraphedStep, build_step
 from tests.conftest import train_loader
 
 pytestmark = pytest.mark.gpu
@@ -371,7 +371,7 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     if extra.startswith("fused-bn") or extra == "cudnn-bn":
         pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
     if extra in FUSED_VARIANTS:  # FusedResNet's options, in what build_model constructs
-        import fasttrain.fused_resnet as fused_resnet
+        import fasttrain.model.fused_resnet as fused_resnet
 
         variant = functools.partial(fused_resnet.FusedResNet, **FUSED_VARIANTS[extra])
         monkeypatch.setattr(fused_resnet, "FusedResNet", variant)
@@ -504,10 +504,10 @@ def test_torchvision_loader_copies_without_syncing(tiny_data):
 def test_auto_batch_size_settles_within_what_is_free():
     """With all but a few GiB of the GPU taken, the search settles on a batch whose real step
     (warm-up and graph capture included) peaks within the budget, after a larger one failed."""
-    from fasttrain.autobatch import HEADROOM, find_batch_size, step_builder
-    from fasttrain.builder import build_training
     from fasttrain.config import Config
-    from fasttrain.distributed import DistState
+    from fasttrain.dist.state import DistState
+    from fasttrain.run.autobatch import HEADROOM, find_batch_size, step_builder
+    from fasttrain.run.build import build_training
 
     cfg = Config()  # ResNet-50, eager, bf16, channels_last, graphed
     cfg.train.amp, cfg.train.cuda_graphs, cfg.train.triton_kernels = "bf16", True, "none"

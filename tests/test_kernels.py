@@ -131,9 +131,9 @@ def test_fused_sgd_through_the_trainers_step_matches_torch_sgd(accum):
     set_to_none, the LR from the schedule) updates as torch's SGD does, in fp32. On an H200 the
     free-running bf16 comparison drifted (BENCHMARKS.md); this holds the update rule itself."""
     from fasttrain.config import OptimConfig
-    from fasttrain.metrics import DeviceMeter
-    from fasttrain.optim import build_schedule
-    from fasttrain.step import build_step
+    from fasttrain.metrics.log import DeviceMeter
+    from fasttrain.step.optim import build_schedule
+    from fasttrain.step.step import build_step
 
     schedule = build_schedule(OptimConfig(warmup_epochs=0.5), 16, 4, 1)
     g = torch.Generator().manual_seed(3)
@@ -172,7 +172,7 @@ def test_fused_sgd_through_the_trainers_step_matches_torch_sgd(accum):
 def test_fused_lars_matches_the_reference_rule(impl):
     """The Triton kernel and the foreach form (``fasttrain.lars``: the CPU's and DDP's) both
     take the reference rule's steps, with a device LR."""
-    from fasttrain.lars import Lars
+    from fasttrain.step.lars import Lars
 
     ref, fused = _model(), _model()
     if impl == "triton":
@@ -230,7 +230,7 @@ def test_fused_sgd_resumes_from_a_torch_style_state_dict():
 def test_foreach_lars_unscales_and_skips_from_grad_scaler_tensors():
     """The foreach LARS under GradScaler: an unscaled step's update, and nothing changed by a
     step whose gradients hold an inf (NaN momentum included)."""
-    from fasttrain.lars import Lars
+    from fasttrain.step.lars import Lars
 
     ref, scaled = _model(), _model()
     opt_ref = Lars(_groups(ref), lr=0.1, momentum=0.9, eta=0.02)
@@ -439,7 +439,7 @@ def test_maxpool_row_kernels_pick_and_fold_the_bn(shape, monkeypatch):
 def test_maxpool_swaps_into_the_model_with_the_same_state_dict_and_outputs():
     from fasttrain.kernels.maxpool import MaxPool2d
 
-    from fasttrain.model import build_model
+    from fasttrain.model.build import build_model
 
     torch.manual_seed(0)
     ref = build_model("resnet18", 4, True, DEV)

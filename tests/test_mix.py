@@ -6,7 +6,7 @@ import torch
 from torchvision.transforms import v2
 
 from fasttrain.errors import UserError
-from fasttrain.mix import Draw, Mixer, apply
+from fasttrain.step.mix import Draw, Mixer, apply
 
 N, C, H, W, CLASSES = 6, 3, 12, 16, 5
 

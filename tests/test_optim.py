@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from fasttrain.config import OptimConfig
-from fasttrain.model import build_model, param_groups
-from fasttrain.optim import build_optimizer, build_schedule, set_lr
+from fasttrain.model.build import build_model, param_groups
+from fasttrain.step.optim import build_optimizer, build_schedule, set_lr
 
 
 def schedule(**kw):
@@ -124,8 +124,8 @@ def test_fused_sgd_with_a_tensor_lr_matches_foreach_sgd():
 def test_clip_grad_norm_clips_the_total_norm_before_the_update(max_norm):
     """The step's --clip-grad-norm against torch's clip_grad_norm_ written out by hand (and a
     bound too large to clip, which must change nothing)."""
-    from fasttrain.metrics import DeviceMeter
-    from fasttrain.step import build_step
+    from fasttrain.metrics.log import DeviceMeter
+    from fasttrain.step.step import build_step
     from tests.conftest import constant_lr
 
     torch.manual_seed(0)

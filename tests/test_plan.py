@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from fasttrain.config import OptimConfig
-from fasttrain.optim import build_schedule, plan_schedule
-from fasttrain.plan import Plan
+from fasttrain.step.optim import build_schedule, plan_schedule
+from fasttrain.step.plan import Plan
 
 # 4 epochs: two at a small size (global batch 1024, 10 steps), two at the full size (512, 20)
 MIXED = Plan((10, 10, 20, 20), (1024, 1024, 512, 512))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fasttrain.breakdown import PARTS, step_times, summarize
+from fasttrain.metrics.breakdown import PARTS, step_times, summarize
 from tests.conftest import FAST
 
 US = 1.0  # trace timestamps are microseconds

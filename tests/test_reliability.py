@@ -191,7 +191,7 @@ def test_a_checkpoint_is_never_written_with_nonfinite_weights(
 ):
     """Weights that break in the step right before a checkpoint are never saved: stop exits 3
     naming the tensor; skip restores the newest finite checkpoint and trains on."""
-    import fasttrain.builder as builder
+    import fasttrain.run.build as builder
 
     build = builder.build_training
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from fasttrain.cli import parse_args
+from fasttrain.config.cli import parse_args
+from fasttrain.config.resolution import Resolution
 from fasttrain.data.folder import scan_folder
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.data.torchvision import ImageFolderDataset
 from fasttrain.errors import UserError
-from fasttrain.resolution import Resolution
 from tests.conftest import FAST, Run, assert_exact_resume
 from tests.test_config import resolved
 
@@ -201,7 +201,7 @@ def test_dali_on_the_gpu_rebuilds_its_pipeline_at_a_new_size(tiny_data):
 
 
 def test_rates_by_size_read_each_size_as_a_run_of_its_own():
-    from fasttrain.metrics import rates_by
+    from fasttrain.metrics.log import rates_by
 
     r = Resolution(32, 64, 1, 2)  # 32 px in epochs 0-1, 64 px from epoch 2
     # (epoch, images, seconds): each size's first epoch is left out where it has a later one

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from fasttrain.dist.slurm import scontrol_hostnames, torchrun_env
 from fasttrain.errors import UserError
-from fasttrain.slurm import scontrol_hostnames, torchrun_env
 from tests.conftest import FAST, last_checkpoint
 
 TASK = {

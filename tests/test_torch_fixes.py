@@ -8,7 +8,7 @@ import pytest
 th = pytest.importorskip("torch._inductor.runtime.triton_heuristics")
 triton = pytest.importorskip("triton")
 
-from fasttrain import torch_fixes  # noqa: E402
+from fasttrain.step import torch_fixes  # noqa: E402
 
 
 def buggy_recheck(self, reload_kernel_from_src):

@@ -10,12 +10,12 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from fasttrain import checkpoint as ckpt
 from fasttrain.data.folder import scan_folder
-from fasttrain.metrics import DeviceMeter, Metrics, progress_text
-from fasttrain.model import build_model
-from fasttrain.profiling import StepTimer
-from fasttrain.step import build_step
+from fasttrain.metrics.log import DeviceMeter, Metrics, progress_text
+from fasttrain.metrics.profiling import StepTimer
+from fasttrain.model.build import build_model
+from fasttrain.run import checkpoint as ckpt
+from fasttrain.step.step import build_step
 from tests.conftest import (
     FAST,
     assert_exact_resume,
@@ -428,7 +428,7 @@ def test_checkpoint_every_steps_and_keep(run, tiny_data, tmp_path):
 def test_cudnn_autotuning_is_off_only_under_dataparallel(strategy, autotune, monkeypatch):
     """DataParallel's forward threads are new each step and cuDNN's plan cache is per thread, so
     autotuning would run again every step (BENCHMARKS.md: DP vs DDP)."""
-    from fasttrain.runtime import configure_backends
+    from fasttrain.run.runtime import configure_backends
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", not autotune)
     precision = torch.get_float32_matmul_precision()

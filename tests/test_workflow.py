@@ -8,8 +8,8 @@ import pytest
 import torch
 import torchvision
 
-from fasttrain import checkpoint as ckpt
-from fasttrain.model import build_model
+from fasttrain.model.build import build_model
+from fasttrain.run import checkpoint as ckpt
 from tests.conftest import FAST
 
 

@@ -15,9 +15,9 @@ from typing import Protocol
 import torch
 
 from fasttrain.config import DataConfig
-from fasttrain.distributed import DistState
+from fasttrain.config.resolution import train_resolution
+from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
-from fasttrain.resolution import train_resolution
 
 
 class Loader(Protocol):

@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
+from fasttrain.config.resolution import Resolution
 from fasttrain.data.dali_install import require_dali
 from fasttrain.data.torchvision import IMAGENET_MEAN, IMAGENET_STD, val_resize
 from fasttrain.errors import RuntimeFault
-from fasttrain.profiling import span
-from fasttrain.resolution import Resolution
+from fasttrain.metrics.profiling import span
 
 READER = "Reader"
 # how DALI's file reader names the file it failed on ("File mapping failed: /path/x.jpg")

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-from fasttrain.resolution import Resolution
+from fasttrain.config.resolution import Resolution
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 

@@ -23,8 +23,8 @@ import torchvision.transforms.functional as F
 from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from fasttrain.profiling import span
-from fasttrain.resolution import Resolution
+from fasttrain.config.resolution import Resolution
+from fasttrain.metrics.profiling import span
 
 log = logging.getLogger("fasttrain")
 

@@ -1,0 +1,193 @@
+"""Profiler hooks: ``--profile`` traces, named ranges, and the always-on step timers.
+
+- ``RunProfiler`` drives ``torch.profiler`` on a wait/warm-up/active/repeat schedule and writes
+  one trace per rank and cycle through ``tensorboard_trace_handler`` under ``<run>/profile``
+  (TensorBoard's PyTorch Profiler plugin lists them; Perfetto opens them). Every trace carries
+  ``distributedInfo``, single-process runs included, as HolisticTraceAnalysis needs.
+- ``span(name)`` marks a phase (data fetch, copy-in, step, optimizer, eval) both in the trace
+  (``record_function``) and for Nsight Systems (NVTX), when profiling or on a GPU.
+- ``StepTimer`` times each step on the GPU with CUDA events; the times are read with their log
+  interval, an interval later, when they are long complete, so it adds no sync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fasttrain.config import RunConfig
+from fasttrain.dist.state import DistState
+
+log = logging.getLogger("fasttrain")
+
+
+class RunProfiler:
+    def __init__(self, cfg: RunConfig, run_dir: Path, dist: DistState, steps: int):
+        """``steps``: how many steps this run will train, to warn when the schedule's first
+        recording would come after the run has ended."""
+        self.enabled = cfg.profile
+        self.dist = dist
+        self.trace_dir = Path(run_dir) / "profile"
+        self.prof: torch.profiler.profile | None = None
+        self.cycles = 0
+        self.steps_seen = 0
+        if not self.enabled:
+            return
+        self.needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
+        if steps < self.needed and dist.is_main:
+            log.warning("--profile: %s", self.too_short(steps))
+        from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU]
+        if dist.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        else:
+            # without a GPU, kineto logs its start and stop and a failed GPU count at every
+            # cycle, nothing a CPU run can act on (its level is read when it first starts)
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        self.handler = tensorboard_trace_handler(
+            str(self.trace_dir), worker_name=f"rank{dist.rank}"
+        )
+        self.prof = torch.profiler.profile(
+            activities=activities,
+            schedule=schedule(
+                wait=cfg.profile_wait,
+                warmup=cfg.profile_warmup,
+                active=cfg.profile_active,
+                repeat=cfg.profile_repeat,
+            ),
+            on_trace_ready=self._ready,
+        )
+        if not dist.distributed:  # torch writes distributedInfo only with a process group
+            info = {"backend": "none", "rank": dist.rank, "world_size": 1}
+            # preset: written into every cycle's trace as it starts recording (metadata added
+            # while the profiler waits finds no trace to go into)
+            self.prof.preset_metadata_json("distributedInfo", json.dumps(info))
+
+    def too_short(self, steps: int) -> str:
+        return (
+            f"this run trains {steps} step{'s' if steps != 1 else ''}, but the profiler "
+            f"records only after --profile-wait + --profile-warmup + --profile-active = "
+            f"{self.needed} steps, so it writes no trace; lower --profile-wait, or raise "
+            "--max-steps"
+        )
+
+    def _ready(self, prof: torch.profiler.profile) -> None:
+        self.handler(prof)
+        self.cycles += 1
+        log.info(
+            "profiler: wrote trace %d of rank %d to %s", self.cycles, self.dist.rank, self.trace_dir
+        )
+
+    def start(self) -> None:
+        if self.prof is not None:
+            self.prof.start()
+
+    def step(self) -> None:
+        if self.prof is not None:
+            self.prof.step()
+            self.steps_seen += 1
+
+    def stop(self) -> None:
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+            if self.cycles == 0 and self.dist.is_main:
+                log.warning("--profile: no trace written: %s", self.too_short(self.steps_seen))
+
+    def traces(self) -> list[Path]:
+        return sorted(self.trace_dir.glob(f"rank{self.dist.rank}.*.pt.trace.json*"))
+
+
+_RECORD = False  # record_function ranges (while --profile is on)
+_NVTX = False  # NVTX ranges (on a GPU)
+
+
+def configure(record: bool, nvtx: bool) -> None:
+    """Turn the named ranges on for this process (train() calls it once)."""
+    global _RECORD, _NVTX
+    _RECORD, _NVTX = record, nvtx
+
+
+@contextmanager
+def span(name: str) -> Iterator[None]:
+    """A named range in the profiler trace and, on a GPU, for Nsight Systems (NVTX)."""
+    if not (_RECORD or _NVTX):
+        yield
+        return
+    with torch.profiler.record_function(name) if _RECORD else nullcontext():
+        if _NVTX:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if _NVTX:
+                torch.cuda.nvtx.range_pop()
+
+
+class StepTimer:
+    """GPU time of each step, from CUDA events around it; averaged when a log step's interval is
+    read."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        if not self.cuda:
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self.pairs.append((start, end))
+
+    def take(self) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+        """The event pairs of the steps since the last take, for ``stats_ms`` once they are done
+        (a log step reads its interval an interval later)."""
+        pairs, self.pairs = self.pairs, []
+        return pairs
+
+    @staticmethod
+    def stats_ms(
+        pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]],
+    ) -> tuple[float | None, float | None]:
+        """Mean and standard deviation of the GPU ms per step of ``pairs``, whose end events have
+        completed. The spread says how even the steps are; under DDP a rank's steps also hold its
+        waits for the other ranks in the all-reduce (None with fewer than two steps)."""
+        times = [s.elapsed_time(e) for s, e in pairs]
+        if not times:
+            return None, None
+        return statistics.fmean(times), statistics.pstdev(times) if len(times) > 1 else None
+
+
+def report_profile(
+    profiler: RunProfiler, log_profile: Callable[[int, dict[str, float]], None], step: int
+) -> dict[str, Any]:
+    """This rank's breakdown of each trace: logged as a table, saved as JSON, and handed to
+    ``log_profile`` (TensorBoard's ``profile/<part>_ms``, from the main process)."""
+    from dataclasses import asdict
+
+    from fasttrain.metrics.breakdown import StepTimes, after_first, mean, summarize, table
+
+    summaries = [summarize(p) for p in profiler.traces()]  # each trace read once
+    for s in summaries:
+        log.info("%s", table(s))
+    overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
+    out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
+    path = profiler.trace_dir / f"breakdown-rank{profiler.dist.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    if overall is not None:
+        log_profile(step, asdict(overall))
+    return {"breakdown": str(path), "mean_ms": out["mean_ms"]}

@@ -1,0 +1,324 @@
+"""Fill every ``auto`` value and check the settings against each other, in one pass, once the
+processes are up (``DistState`` knows the device, the world size and the nodes).
+
+After ``resolve`` the config says exactly what runs, and that is what the run directory's
+``config.yaml`` records: ``--config`` of that file reproduces the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
+from fasttrain.config.paths import found_exclude_list
+from fasttrain.config.resolution import resolve_sizes
+from fasttrain.errors import UserError
+from fasttrain.run.resolve_bn import resolve_bn_paths
+from fasttrain.run.runs import newest_run_of
+
+if TYPE_CHECKING:
+    from fasttrain.dist.state import DistState
+
+# What --compile-mode auto compiles with on a GPU: inductor's default mode plus coordinate-descent
+# tuning of its Triton kernels, the fastest measured with --cuda-graphs (docs/DESIGN.md).
+FASTEST_COMPILE_MODE = "default"
+FASTEST_INDUCTOR_OPTIONS = "coordinate_descent_tuning"
+# DDP-only settings (TrainConfig fields): given without DDP they do nothing, and the user hears so
+DDP_ONLY = ("bucket_cap_mb", "broadcast_buffers", "sync_bn", "ddp_comm_hook")
+
+
+def resolve(
+    cfg: Config,
+    dist: DistState,
+    *,
+    gpus: int | None = None,
+    cpus: int | None = None,
+    dali: bool | None = None,
+    notes: list[str] | None = None,
+) -> Config:
+    """Fill the auto values for this launch, in place, and refuse combinations that cannot
+    work. ``gpus``, ``cpus`` and ``dali`` (visible GPUs, usable CPU cores, whether DALI imports)
+    are looked up when not given. What the user should hear once goes into ``notes``."""
+    notes = [] if notes is None else notes
+    t, d = cfg.train, cfg.data
+    t.device = dist.device.type
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if t.device == "cuda" else 0
+    if cfg.model.weights is not None and not Path(cfg.model.weights).expanduser().is_file():
+        raise UserError(f"--weights {cfg.model.weights}: no such file")
+    resolve_bn_paths(cfg, notes)
+    if t.amp is None:
+        t.amp = "bf16" if t.device == "cuda" else "off"
+    if t.amp == "fp16" and t.device == "cpu":
+        raise UserError("--amp fp16 needs a CUDA GPU; use --amp bf16 or off on the CPU")
+    if cfg.run.test_only:
+        _resolve_test_only(cfg)
+    if t.batch_size is None and t.device != "cuda":
+        raise UserError(
+            "--batch-size auto measures GPU memory by running the step; on the CPU give a "
+            "number (e.g. --batch-size 32)"
+        )
+    if d.workers is None:
+        d.workers = min(16, cpus or len(os.sched_getaffinity(0)))
+    _resolve_compile(t, notes, sample=d.path is None and d.loader != "synthetic")
+    if d.loader == "auto":
+        if dali is None:
+            from fasttrain.data.dali_install import dali_available
+
+            dali = dali_available()
+        d.loader = "dali" if t.device == "cuda" and dali else "torchvision"
+        if t.device == "cuda" and not dali:
+            from fasttrain.data.dali_install import INSTALL_DALI
+
+            notes.append(
+                "DALI is not installed, so the torchvision loader decodes on the CPU; "
+                f"{INSTALL_DALI} decodes on the GPU"
+            )
+    if d.loader == "dali" and t.device == "cuda":
+        import torch
+
+        from fasttrain.data.dali_install import dali_cuda_mismatch
+
+        mismatch = dali_cuda_mismatch(torch.version.cuda)
+        if mismatch:
+            notes.append(mismatch)
+    if d.path is not None:
+        d.path = str(Path(d.path).expanduser())
+        found = found_exclude_list(d.path)
+        if d.exclude_list is None and found is not None:
+            d.exclude_list = str(found)
+    resolve_sizes(cfg, notes)
+    if d.auto_augment != "none" and d.loader == "synthetic":
+        raise UserError(
+            f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
+            "leave one out"
+        )
+    _unused_notes(cfg, notes)
+    _resolve_parallel(cfg, dist.world_size, gpus, notes)
+    _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks
+    r = cfg.run
+    if r.output_dir is None and r.name is None and r.resume == "auto":
+        found = newest_run_of(cfg, Path("runs"))
+        if found is not None:
+            r.output_dir = str(found)
+            notes.append(
+                f"--resume auto: continuing {found}, the newest run of this config under runs/ "
+                "(--output-dir chooses another)"
+            )
+    if r.output_dir is None:
+        r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
+    return cfg
+
+
+def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
+    """Check the compile and graph settings together; fill the mode and inductor options."""
+    if t.compile_mode == "auto":
+        fast = t.compile and t.device == "cuda" and not sample
+        t.compile_mode = FASTEST_COMPILE_MODE if fast else "default"
+        given, tuning = t.inductor_options, FASTEST_INDUCTOR_OPTIONS
+        if fast and given is None:
+            t.inductor_options = tuning
+        elif (
+            fast  # the tuning joins --inductor-options, unless they set it themselves
+            and given not in ("", "none")
+            and not inductor_options(given).keys() & inductor_options(tuning).keys()
+        ):
+            t.inductor_options = f"{tuning},{given}"
+    elif not t.compile and t.compile_mode != "default":
+        raise UserError(f"--compile-mode {t.compile_mode}: add --compile to use it")
+    if not t.compile:
+        if t.inductor_options not in (None, "", "none"):
+            raise UserError(f"--inductor-options {t.inductor_options}: add --compile to use it")
+        t.inductor_options = None
+    elif t.inductor_options is None:
+        t.inductor_options = "none"
+    if t.compile:
+        inductor_options(t.inductor_options)  # a bad name or value fails now, not mid-compile
+    if t.cuda_graphs and t.device != "cuda":
+        t.cuda_graphs = False
+        notes.append("--cuda-graphs needs a CUDA GPU: training without CUDA graphs")
+    if t.cuda_graphs and t.compile and t.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise UserError(
+            f"--compile-mode {t.compile_mode} captures CUDA graphs of its own, which cannot nest "
+            "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
+            "or default with --cuda-graphs"
+        )
+
+
+def _changed(cfg: Config, keys: list[str]) -> list[str]:
+    """The flags of ``keys`` (``section.field``) that ``cfg`` sets away from their defaults."""
+    default = Config()
+
+    def value(c: Config, key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(c, section), name)
+
+    return [OPTION_BY_KEY[k].flag for k in keys if value(cfg, k) != value(default, k)]
+
+
+def _unused_notes(cfg: Config, notes: list[str]) -> None:
+    """Settings that only one mode reads, given without it (a schedule's own with another
+    schedule, the average's without --model-ema, mixing's without an alpha), are named, not
+    silently unused."""
+    o, t = cfg.optim, cfg.train
+    own = {"step": ["optim.lr_step_epochs", "optim.lr_gamma"], "poly": ["optim.lr_power"]}
+    schedule = _changed(
+        cfg, [k for kind, keys in own.items() if o.lr_schedule != kind for k in keys]
+    )
+    if schedule:
+        notes.append(f"{', '.join(schedule)}: unused with --lr-schedule {o.lr_schedule}")
+    ema = _changed(
+        cfg, ["train.model_ema_decay", "train.model_ema_steps", "train.model_ema_warmup"]
+    )
+    if ema and not t.model_ema:
+        notes.append(f"{', '.join(ema)}: unused without --model-ema")
+    mix = _changed(cfg, ["train.mixup_prob", "train.mixup_switch_prob"])
+    if mix and not (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
+        notes.append(f"{', '.join(mix)}: unused without --mixup-alpha or --cutmix-alpha")
+
+
+def _resolve_test_only(cfg: Config) -> None:
+    """--test-only (``evaluate``) needs weights, and has no training step to size a batch by."""
+    if cfg.model.weights is None:
+        raise UserError(
+            "--test-only evaluates the model in --weights FILE: give one (a checkpoint, an "
+            "export, or a torchvision or timm state dict)"
+        )
+    if cfg.run.resume is not None:
+        raise UserError(
+            "--test-only evaluates --weights; --resume continues training: give the checkpoint "
+            "as --weights"
+        )
+    if cfg.train.batch_size is None:
+        cfg.train.batch_size = 256 if cfg.train.device == "cuda" else 32
+
+
+def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str]) -> None:
+    """The strategy from the launch; DDP-only settings without DDP are named in a note."""
+    t = cfg.train
+    if t.strategy == "auto" or (t.strategy == "ddp" and world_size == 1):
+        t.strategy = "ddp" if world_size > 1 else "none"  # one process: DDP only adds a wrapper
+    if world_size > 1 and t.strategy != "ddp":
+        raise UserError(
+            f"--strategy {t.strategy} with {world_size} processes: use --strategy ddp (each "
+            "process would otherwise train its own copy)"
+        )
+    if t.strategy == "dp":
+        if t.device != "cuda":
+            raise UserError("--strategy dp needs CUDA GPUs; use --strategy none on the CPU")
+        if t.cuda_graphs:
+            raise UserError(
+                "--strategy dp cannot run --cuda-graphs: DataParallel copies the model to every "
+                "GPU from the host each step; use --strategy ddp with --nproc-per-node instead"
+            )
+        if t.compile:
+            raise UserError(
+                "--strategy dp cannot run --compile (DataParallel replicates the module every "
+                "step, outside the compiled graph); use --strategy ddp with --nproc-per-node"
+            )
+        if gpus < 2:
+            raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
+    unused = _changed(cfg, [f"train.{k}" for k in DDP_ONLY])
+    if t.strategy != "ddp" and unused:
+        notes.append(
+            f"{', '.join(unused)}: {'DDP settings' if len(unused) > 1 else 'a DDP setting'}, "
+            f"unused with --strategy {t.strategy} "
+            f"({world_size} process{'es' if world_size > 1 else ''})"
+        )
+
+
+def _resolve_kernels(cfg: Config) -> None:
+    """``auto`` picks the kernels measured faster in the step; named ones are checked."""
+    t = cfg.train
+    gpu = t.device == "cuda"
+    if t.triton_kernels == "auto":
+        picked = {
+            "normalize": gpu and cfg.data.loader == "torchvision",
+            "maxpool": gpu and cfg.model.channels_last,  # its tiles read channels contiguously
+            # not sgd, for LARS either: torch's foreach LARS made the graphed ResNet-50 step
+            # 1.6% faster than the Triton kernel on an H200 (BENCHMARKS.md, recipe pieces)
+        }
+        kernels = {k for k, on in picked.items() if on}
+    else:
+        kernels = triton_kernels(t.triton_kernels)
+        if kernels and not gpu:
+            raise UserError(
+                "--triton-kernels runs Triton kernels, which need a CUDA GPU; leave it out here"
+            )
+        if "normalize" in kernels and cfg.data.loader != "torchvision":
+            raise UserError(
+                f"--triton-kernels normalize is the torchvision loader's; --loader "
+                f"{cfg.data.loader} does not use it"
+            )
+    if "xent" in kernels and (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
+        raise UserError(
+            "--triton-kernels xent takes class labels, and mixup/CutMix trains on mixed soft "
+            "targets: leave xent out with --mixup-alpha / --cutmix-alpha"
+        )
+    if "sgd" in kernels and t.strategy in ("ddp", "dp"):
+        raise UserError(
+            f"--triton-kernels sgd keeps gradients in one flat buffer, which --strategy "
+            f"{t.strategy} replaces with its own; leave it out with several GPUs (--opt lars "
+            "then runs in torch's foreach ops)"
+        )
+    t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
+
+
+def triton_kernels(text: str) -> set[str]:
+    """The set ``--triton-kernels`` names (resolved: never "auto"); an unknown name is a
+    one-line error."""
+    names = {k.strip() for k in text.split(",") if k.strip() and k.strip() != "none"}
+    unknown = names - set(KERNELS)
+    if unknown:
+        raise UserError(
+            f"--triton-kernels: unknown {', '.join(sorted(unknown))}; choose from "
+            f"{', '.join(KERNELS)} or none"
+        )
+    return names
+
+
+def inductor_options(text: str | None) -> dict[str, Any]:
+    """Parse ``NAME[=VALUE],...`` against torch._inductor.config; a bare NAME means True."""
+    if text in (None, "", "none"):
+        return {}
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    items: list[str] = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        # a string setting's value may hold commas itself (max_autotune_gemm_backends=ATEN,TRITON)
+        if items and "=" not in item and item not in known and "=" in items[-1]:
+            items[-1] += "," + item
+        else:
+            items.append(item)
+    options: dict[str, Any] = {}
+    for item in items:
+        name, _, raw = item.partition("=")
+        name = name.strip()
+        if name not in known:
+            raise UserError(
+                f"--inductor-options: {name!r} is not a torch._inductor.config setting "
+                "(e.g. conv_1x1_as_mm, coordinate_descent_tuning, max_autotune)"
+            )
+        if not raw:
+            options[name] = True
+            continue
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        default = known[name]
+        if default is not None and not isinstance(value, type(default)):
+            raise UserError(
+                f"--inductor-options: {name}={raw} should be a {type(default).__name__} "
+                f"like its default {default!r}"
+            )
+        options[name] = value
+    return options

@@ -1,0 +1,127 @@
+"""Everything between the run directory and the first step: backends and seeds, the batch
+size, the parts (``builder.build``), the starting weights or the resume, the folder's lineage,
+and the start-up lines that say what will run."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from fasttrain.config import Config
+from fasttrain.config.cli import save_resolved
+from fasttrain.config.resolution import format_batch_sizes
+from fasttrain.dist.parallel import ddp_description
+from fasttrain.dist.state import DistState
+from fasttrain.metrics.profiling import configure
+from fasttrain.run import checkpoint as ckpt
+from fasttrain.run import resume
+from fasttrain.run.build import Built, Training, build
+from fasttrain.run.resolve import inductor_options
+from fasttrain.run.runtime import configure_backends, seed_everything
+from fasttrain.run.weights import load_weights, read_state_dict
+
+log = logging.getLogger("fasttrain")
+
+
+def set_up(
+    cfg: Config, dist: DistState, run_dir: Path, resumed: tuple[str, dict[str, Any]] | None
+) -> tuple[Built, int]:
+    """Everything between the run directory and the first step: backends and seeds, the batch
+    size, the parts (``builder.build``), the resume, the folder's lineage. Returns the parts and
+    the step to start from."""
+    t = cfg.train
+    if cfg.run.resume == "auto" and resumed is None:
+        log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
+    configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
+    log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
+    configure_backends(dist.device, t.strategy, t.deterministic)
+    seed_everything(t.seed)
+    if t.batch_size is None:
+        from fasttrain.run.autobatch import auto_batch_size
+
+        t.batch_size, batches = auto_batch_size(cfg, dist, resumed)
+        t.batch_sizes = format_batch_sizes(batches)
+        seed_everything(t.seed)  # the trials drew from the RNG; the run starts as if they had not
+        if dist.is_main:
+            save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
+    loader_state = (
+        resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
+    )
+    built = build(cfg, dist, loader_state)
+    if dist.is_main:  # a full disk is a one-line error now, not at the first save
+        need = ckpt.checkpoint_bytes(built.training.model)
+        ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
+    tunes = inductor_options(t.inductor_options).get("coordinate_descent_tuning")
+    if t.compile and dist.is_main and ("autotune" in t.compile_mode or tunes):
+        log.info(
+            "--compile-mode %s, --inductor-options %s: the first start benchmarks inductor's "
+            "kernel choices (minutes for ResNet-50); later starts reuse inductor's cache. "
+            "--compile-mode default --inductor-options none compiles in about a minute, a few "
+            "percent slower per step",
+            t.compile_mode,
+            t.inductor_options,
+        )
+    step = 0
+    if cfg.model.weights is not None and not resumed:
+        source = f"--weights {cfg.model.weights}"
+        load_weights(built.training.model, read_state_dict(cfg.model.weights), source)
+        log.info("%s: the model starts from these weights", source)
+    elif cfg.model.weights is not None:
+        log.info(
+            "--weights %s: not loaded, the run resumes from %s, which holds its weights",
+            cfg.model.weights,
+            resumed[0],
+        )
+    if resumed:
+        step = resume.resume(*resumed, cfg, built.training, built.plan)
+        resume.restore_augments(resumed[1], built.training, dist.rank, dist.world_size)
+    if dist.is_main:
+        ckpt.set_aside(run_dir, step)
+    dist.barrier("the barrier after preparing the run directory")
+    log_setup(cfg, dist, built, step)
+    return built, step
+
+
+def total_steps(cfg: Config, training: Training) -> int:
+    """Where the run ends: the schedule's last step (``--epochs``), or ``--max-steps`` first."""
+    return int(min(cfg.train.max_steps or math.inf, training.schedule.total_steps))
+
+
+def log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
+    t, training = cfg.train, built.training
+    total = total_steps(cfg, training)
+    unit = "GPU" if t.device == "cuda" else "process"  # the CPU has processes, not GPUs
+    log.info(
+        "%s, %d classes, %.1fM params | %s",
+        cfg.model.arch,
+        built.data.num_classes,
+        sum(p.numel() for p in training.model.parameters()) / 1e6,
+        built.data.description,
+    )
+    log.info(
+        "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per %s x %d %s x %d "
+        "accum) | peak LR %.4g (%s) | %d steps per epoch, %d steps from step %d",
+        dist.device,
+        t.amp,
+        training.step.description,
+        f" (Triton kernels: {t.triton_kernels})" if t.triton_kernels != "none" else "",
+        ddp_description(t, dist) if t.strategy == "ddp" else t.strategy,
+        built.global_batch,
+        t.batch_size,
+        unit,
+        built.gpus,
+        unit + ("es" if unit == "process" else "s") if built.gpus > 1 else unit,
+        t.accum_steps,
+        training.schedule.peak_lr,
+        f"--lr {cfg.optim.lr:g} x global batch {built.global_batch} / 256"
+        if cfg.optim.lr_scaling == "linear"
+        else "--lr, --lr-scaling none",
+        built.steps_per_epoch,
+        total,
+        step,
+    )
+    if not built.plan.is_uniform:
+        log.info("--batch-sizes %s: %s", t.batch_sizes, built.plan.describe())
