@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from fasttrain.config import Config, OptimConfig
+from fasttrain.config.parse import Parsed
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.dist.state import DistState
-from fasttrain.metrics.log import DeviceMeter
+from fasttrain.metrics.meter import DeviceMeter
 from fasttrain.run.build import AMP_DTYPES, build_training
 from fasttrain.run.runtime import configure_backends
 from fasttrain.step.plan import Plan
@@ -61,6 +62,7 @@ def make_step(
     for key, value in (overrides or {}).items():
         section, name = key.split(".")
         setattr(getattr(cfg, section), name, value)
+    cfg.parsed = Parsed.of(cfg)  # what resolve() would parse
     data = SyntheticLoader(
         batch_size=batch,
         image_size=image_size,

@@ -43,10 +43,12 @@ def run_epochs(benchmark, loader, rounds: int) -> None:
 @pytest.mark.parametrize("threads", [4, 8])
 @pytest.mark.parametrize("hw_load", [0.0, 0.65, 0.99])
 def test_dali(benchmark, bench_data, hw_load, threads):
-    from fasttrain.data.dali import DaliLoader
+    from fasttrain.data.dali import build_dali_loader
 
     samples = scan_folder(bench_data).train
-    loader = DaliLoader(samples, threads=threads, hw_decoder_load=hw_load, local_rank=0, **common())
+    loader = build_dali_loader(
+        samples, threads=threads, hw_decoder_load=hw_load, local_rank=0, **common()
+    )
     run_epochs(benchmark, loader, rounds=3)
 
 

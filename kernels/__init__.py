@@ -1,7 +1,7 @@
 """Triton kernels, installed as ``fasttrain.kernels`` (see pyproject.toml for why not ``kernels``).
 
 Each kernel ships with a plain torch reference and tests that hold the two together
-(tests/test_kernels.py, in Triton's interpreter without a GPU):
+(tests/kernels/test_kernels.py, in Triton's interpreter without a GPU):
 
 - ``normalize``: uint8 NHWC -> normalised bf16/fp16 channels_last, optional per-sample flip;
 - ``cross_entropy``: softmax cross-entropy with label smoothing, a ``torch.library`` custom op;

@@ -29,8 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fasttrain.step.optim import InPlaceGradients
-
 BLOCK = 1024
 
 
@@ -100,9 +98,10 @@ def _update(
         tl.store(p_ptr + offs, p - lr * buf)
 
 
-class FusedSGD(InPlaceGradients):
+class FusedSGD(torch.optim.Optimizer):
     """SGD (or LARS) over flat buffers. Groups may set ``weight_decay``; LARS applies to the
-    groups whose weight decay is non-zero. ``lr`` may be a float or a 0-d device tensor."""
+    groups whose weight decay is non-zero. ``lr`` may be a float or a 0-d device tensor. Every
+    gradient is a view of ``flat_grad``: fasttrain's ``InPlaceGradients``."""
 
     # GradScaler (fp16) then sets ``grad_scale`` and ``found_inf`` (device tensors) before step()
     # instead of unscaling with a host read of the inf check: the kernel unscales and skips on

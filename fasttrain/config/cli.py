@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from fasttrain.config import OPTION_BY_KEY, OPTIONS, SECTIONS, Config, Option
 from fasttrain.config.paths import config_dir
+from fasttrain.config.schema import OPTION_BY_KEY, OPTIONS, SECTIONS, Config, Option
 from fasttrain.errors import UserError
 
 NULL_WORDS = ("auto", "none", "null")  # a nullable number's flag takes these for None

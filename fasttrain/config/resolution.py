@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fasttrain.config import Config, DataConfig
+from fasttrain.config.schema import Config, DataConfig
 from fasttrain.errors import UserError
 
 ROUND_TO = 32  # interpolated sizes are multiples of this (FFCV's)
@@ -122,19 +122,20 @@ def train_resolution(cfg: DataConfig) -> Resolution:
     return Resolution.fixed(cfg.image_size)
 
 
-def resolve_sizes(cfg: Config, notes: list[str]) -> None:
-    """The train sizes' flags, for ``resolve``: --progressive-resizing and --batch-sizes."""
-    _resolve_resolution(cfg, notes)
-    _resolve_batch_sizes(cfg)
+def resolve_sizes(cfg: Config, notes: list[str]) -> tuple[Resolution, dict[int, int]]:
+    """The train sizes' flags, for ``resolve``: --progressive-resizing and --batch-sizes,
+    checked and returned parsed (the schedule, and {size: batch})."""
+    resolution = _resolve_resolution(cfg, notes)
+    return resolution, _resolve_batch_sizes(cfg, resolution)
 
 
-def _resolve_resolution(cfg: Config, notes: list[str]) -> None:
+def _resolve_resolution(cfg: Config, notes: list[str]) -> Resolution:
     """--progressive-resizing: a schedule that parses, in place of --image-size (said if that
     was given too); val's crop defaults to its final size, as it defaults to --image-size."""
     d = cfg.data
+    resolution = train_resolution(d)
     if not d.progressive_resizing:
-        return
-    resolution = Resolution.parse(d.progressive_resizing)
+        return resolution
     if d.image_size != DataConfig().image_size:  # given, and unused
         notes.append(
             f"--image-size {d.image_size}: unused for training; --progressive-resizing "
@@ -142,16 +143,17 @@ def _resolve_resolution(cfg: Config, notes: list[str]) -> None:
         )
     if d.val_crop_size is None:
         d.val_crop_size = resolution.end
+    return resolution
 
 
-def _resolve_batch_sizes(cfg: Config) -> None:
+def _resolve_batch_sizes(cfg: Config, resolution: Resolution) -> dict[int, int]:
     """--batch-sizes: pairs that parse, each a size the --progressive-resizing schedule trains
     at, and not beside --batch-size auto (which finds them itself)."""
     t = cfg.train
     batches = parse_batch_sizes(t.batch_sizes)
     if not batches:
         t.batch_sizes = None
-        return
+        return batches
     flag = f"--batch-sizes {t.batch_sizes}"
     if not cfg.data.progressive_resizing:
         raise UserError(
@@ -162,7 +164,6 @@ def _resolve_batch_sizes(cfg: Config) -> None:
         raise UserError(
             f"{flag}: --batch-size auto measures each size's batch itself; leave out one of them"
         )
-    resolution = Resolution.parse(cfg.data.progressive_resizing)
     sizes = resolution.sizes(t.epochs)
     strangers = sorted(set(batches) - set(sizes))
     if strangers:
@@ -172,3 +173,4 @@ def _resolve_batch_sizes(cfg: Config) -> None:
             f"{', '.join(map(str, sizes))} px)"
         )
     t.batch_sizes = format_batch_sizes(batches)
+    return batches

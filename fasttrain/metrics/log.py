@@ -24,7 +24,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,97 +31,25 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fasttrain.dist.state import DistState
-from fasttrain.metrics.profiling import StepTimer
+from fasttrain.metrics.meter import Clock, DeviceMeter, StepTimer, peak_memory_gib
+from fasttrain.metrics.rates import progress_text, steady_rate
 
 log = logging.getLogger("fasttrain")
-
-
-class Reading:
-    """An interval's totals over ranks, on their way to the host: ``values()`` waits for them
-    (at once when read an interval later, their copy long done)."""
-
-    def __init__(self, values: torch.Tensor, samples: int):
-        self.samples = samples  # over all ranks, counted on the host
-        self.event = None
-        if values.is_cuda:  # copied without waiting; the event says when it has landed
-            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            self.host.copy_(values, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host = values
-
-    def values(self) -> tuple[float, float, int, int]:
-        """(mean loss, top-1 %, non-finite losses, ranks that asked to stop)."""
-        if self.event is not None:
-            self.event.synchronize()
-        loss_sum, correct, nonfinite, stops = self.host.tolist()
-        n = max(self.samples, 1)
-        return loss_sum / n, 100.0 * correct / n, int(nonfinite), int(stops)
-
-
-class DeviceMeter:
-    """Sum of per-batch loss x batch size and of correct predictions, kept on the device."""
-
-    def __init__(self, device: torch.device, dist: DistState | None = None):
-        self.dist = dist
-        self.sums = torch.zeros(3, device=device)  # loss x n, correct, non-finite losses
-        self.samples = 0  # this rank's, known on the host: no need to count it on the device
-
-    def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
-        """Accumulate in place on the device (a CUDA graph can record this); the caller adds
-        the ``n`` samples to ``samples`` on the host, once per step actually run."""
-        bad = (~torch.isfinite(loss)).float()
-        self.sums += torch.stack((loss.float() * n, correct.float(), bad))
-
-    def collect(self, stop: bool = False) -> Reading:
-        """The totals since the last collect, over all ranks, with how many ranks ``stop``:
-        the one all-reduce of a log step, enqueued, not waited for. Starts a new interval."""
-        values = torch.empty(4, device=self.sums.device)
-        values[:3].copy_(self.sums)
-        values[3].fill_(float(stop))  # a kernel argument: no host-to-device copy
-        world = 1
-        if self.dist is not None:
-            self.dist.all_reduce_(values, what="the all_reduce of the metrics at a log step")
-            world = self.dist.world_size
-        reading = Reading(values, self.samples * world)
-        self.sums.zero_()
-        self.samples = 0
-        return reading
-
-    def flush(self) -> tuple[float, float, int]:
-        """(mean loss, top-1 %, samples) since the last flush, over all ranks, read at once:
-        a host sync (tests and benchmarks; the trainer reads an interval late)."""
-        reading = self.collect()
-        loss, top1, _, _ = reading.values()
-        return loss, top1, reading.samples
-
-
-class _Clock:
-    """Interval marks: CUDA events on the training stream on a GPU, read once complete, so that
-    marking never waits; on the CPU the host clock (work is done when its call returns)."""
-
-    def __init__(self, device: torch.device, host: bool):
-        self.events = device.type == "cuda" and not host
-
-    def mark(self) -> torch.cuda.Event | float:
-        if not self.events:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def landed(self, mark: torch.cuda.Event | float) -> bool:
-        return not self.events or mark.query()
-
-    def seconds(self, start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
-        """Between two marks; on a GPU, once the interval's reading has landed (``end`` was
-        recorded just after its copy, so this wait is as short)."""
-        if self.events:
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return end - start
+# a train record's fields that TensorBoard shows, by tag; the GPU's figures are None on the CPU,
+# and a None is left out
+SCALARS = {
+    "loss": "train/loss",
+    "top1": "train/top1",
+    "lr": "train/lr",
+    "img_per_s": "perf/img_per_s",
+    "img_per_s_per_gpu": "perf/img_per_s_per_gpu",
+    "data_wait_frac": "perf/data_wait_frac",
+    "data_wait_ms": "perf/data_wait_ms",
+    "gpu_step_ms": "perf/gpu_step_ms",
+    "gpu_step_ms_sd": "perf/gpu_step_ms_sd",
+    "gpu_idle_frac": "perf/gpu_idle_frac",
+    "peak_mem_gib": "perf/peak_mem_gib",
+}
 
 
 @dataclass
@@ -131,54 +58,6 @@ class Logged:
 
     record: dict[str, Any]
     stop: bool
-
-
-def steady_rate(intervals: Sequence[tuple[int, float, float]]) -> float | None:
-    """Steady-state img/s: images over time, summed over the intervals (epoch, images, seconds)
-    after the first epoch.
-
-    The first epoch is left out: it holds warm-up and compile, and a loader that prefetched
-    during the compile makes it look faster than the loader is. A run shorter than two epochs
-    leaves out only its first interval. Weighting by images, not a median of intervals, keeps a
-    short interval at an epoch's end from counting as much as a full one.
-    """
-    if not intervals:
-        return None
-    first_epoch = intervals[0][0]
-    kept = [iv for iv in intervals if iv[0] > first_epoch] or intervals[1:]
-    seconds = sum(iv[2] for iv in kept)
-    return sum(iv[1] for iv in kept) / seconds if seconds > 0 else None
-
-
-def rates_by(
-    intervals: Sequence[tuple[int, float, float]], key: Callable[[int], Any]
-) -> dict[Any, float | None]:
-    """``steady_rate`` of each group of intervals that ``key(epoch)`` makes (e.g. the train size
-    of ``--progressive-resizing``), each group read as a run of its own."""
-    groups: dict[Any, list[tuple[int, float, float]]] = {}
-    for iv in intervals:
-        groups.setdefault(key(iv[0]), []).append(iv)
-    return {k: steady_rate(v) for k, v in groups.items()}
-
-
-INPUT_BOUND = 0.05  # the GPU idle (and the host waiting for data) this share of the time
-
-
-def progress_text(rate: float, record: dict[str, Any]) -> str:
-    """What limits the run, for the progress line: img/s, how busy the GPU was, and the
-    loader's share only when the run actually waits for data. With DALI the host waits in the
-    loader most of the time while the GPU is busy (decode shares the GPU): that wait is not a
-    bottleneck, so it is shown only when the GPU was idle too (on the CPU, where the host does
-    the work, when the host waited)."""
-    text = f"{rate:,.0f} img/s"
-    idle, wait = record["gpu_idle_frac"], record["data_wait_frac"]
-    if idle is not None:
-        text += f", GPU busy {100 * (1 - idle):.1f}%"
-        if record["gpu_step_ms"] is not None:
-            text += f" ({record['gpu_step_ms']:.1f} ms/step)"
-    if wait >= INPUT_BOUND and (idle is None or idle >= INPUT_BOUND):
-        text += f", waiting for data {100 * wait:.0f}% of the time"
-    return text
 
 
 class Metrics:
@@ -204,7 +83,7 @@ class Metrics:
         self.world_size = world_size
         self.device = device
         self.sync = sync
-        self.clock = _Clock(device, host=sync)
+        self.clock = Clock(device, host=sync)
         self.intervals: list[tuple[int, int, float]] = []  # (epoch, images, seconds)
         self.pending: dict[str, Any] | None = None  # the interval read at the next log step
         self.writer = None
@@ -326,20 +205,8 @@ class Metrics:
             "gpu_idle_frac": idle,
             "peak_mem_gib": iv["peak_mem_gib"],
         }
-        scalars = {
-            "train/loss": loss,
-            "train/top1": top1,
-            "train/lr": iv["lr"],
-            "perf/img_per_s": rate,
-            "perf/img_per_s_per_gpu": record["img_per_s_per_gpu"],
-            "perf/data_wait_frac": record["data_wait_frac"],
-            "perf/data_wait_ms": record["data_wait_ms"],
-            "perf/gpu_step_ms": gpu_ms,  # the GPU figures: none on the CPU
-            "perf/gpu_step_ms_sd": gpu_sd,
-            "perf/gpu_idle_frac": idle,
-            "perf/peak_mem_gib": record["peak_mem_gib"],  # the GPU's: none on the CPU
-        }
-        self._emit(record, {k: v for k, v in scalars.items() if v is not None}, iv["step"])
+        scalars = {tag: record[key] for key, tag in SCALARS.items() if record[key] is not None}
+        self._emit(record, scalars, iv["step"])
         line = (
             f"epoch {iv['epoch']} step {iv['step']}: loss {loss:.4f} top1 {top1:.1f}% "
             f"lr {iv['lr']:.4g} | {progress_text(rate, record)}"
@@ -397,11 +264,3 @@ class Metrics:
             self.writer.close()
         if self.jsonl is not None:
             self.jsonl.close()
-
-
-def peak_memory_gib(device: torch.device) -> float | None:
-    """Peak memory allocated by tensors on ``device`` (the allocator's count: no device sync);
-    None on the CPU, which has no such count."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.max_memory_allocated(device) / 2**30

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -131,44 +130,6 @@ def span(name: str) -> Iterator[None]:
         finally:
             if _NVTX:
                 torch.cuda.nvtx.range_pop()
-
-
-class StepTimer:
-    """GPU time of each step, from CUDA events around it; averaged when a log step's interval is
-    read."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        if not self.cuda:
-            yield
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        yield
-        end.record()
-        self.pairs.append((start, end))
-
-    def take(self) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
-        """The event pairs of the steps since the last take, for ``stats_ms`` once they are done
-        (a log step reads its interval an interval later)."""
-        pairs, self.pairs = self.pairs, []
-        return pairs
-
-    @staticmethod
-    def stats_ms(
-        pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]],
-    ) -> tuple[float | None, float | None]:
-        """Mean and standard deviation of the GPU ms per step of ``pairs``, whose end events have
-        completed. The spread says how even the steps are; under DDP a rank's steps also hold its
-        waits for the other ranks in the all-reduce (None with fewer than two steps)."""
-        times = [s.elapsed_time(e) for s, e in pairs]
-        if not times:
-            return None, None
-        return statistics.fmean(times), statistics.pstdev(times) if len(times) > 1 else None
 
 
 def report_profile(

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from fasttrain.config import Config
-from fasttrain.config.resolution import parse_batch_sizes, train_resolution
+from fasttrain.config.resolution import parse_batch_sizes
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.step.plan import Plan
@@ -147,7 +147,7 @@ def step_builder(
     """``build`` for ``find_batch_size``: fresh training parts per trial (``make_training``
     returns ``builder.Training``), fed one synthetic batch for ``steps`` steps (enough for the
     step's warm-up and capture, then a replay)."""
-    from fasttrain.metrics.log import DeviceMeter
+    from fasttrain.metrics.meter import DeviceMeter
 
     def build(batch: int):
         step = make_training().step
@@ -203,7 +203,7 @@ def auto_batch_size(
 
     if dist.is_main:
         log.info("--batch-size auto: trying batch sizes with real steps ...")
-    resolution = train_resolution(cfg.data)
+    resolution = cfg.typed.resolution
     sizes = resolution.sizes(cfg.train.epochs)[::-1]
     found: dict[int, int] = {}
     for size in sizes:  # the largest first: what fits it is where the others' search starts

@@ -16,44 +16,23 @@ import torch
 from torch import nn
 
 from fasttrain.config import Config
-from fasttrain.config.resolution import parse_batch_sizes, train_resolution
-from fasttrain.data import Data, Loader, build_data
+from fasttrain.data.build import build_data
+from fasttrain.data.loader import Data, Loader
 from fasttrain.dist.parallel import wrap_model
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.model.build import build_configured_model
-from fasttrain.run.resolve import inductor_options, triton_kernels
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
 from fasttrain.step.evaluate import Evaluator
 from fasttrain.step.mix import Mixer
-from fasttrain.step.optim import Schedule, build_optimizer, plan_schedule
+from fasttrain.step.optim import build_optimizer, plan_schedule
 from fasttrain.step.plan import Plan
-from fasttrain.step.step import TrainStep, build_loss, build_step, compile_kwargs
+from fasttrain.step.step import build_loss, build_step, compile_kwargs
+from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
-
-
-@dataclass
-class Training:
-    """Everything one optimizer step touches."""
-
-    model: nn.Module  # the raw module: checkpoints and evaluation use it
-    net: nn.Module  # what the step trains: ``model``, or DDP / DataParallel around it
-    schedule: Schedule
-    optimizer: torch.optim.Optimizer
-    criterion: nn.Module
-    scaler: torch.amp.GradScaler | None
-    step: TrainStep
-    ema: ModelEma | None = None  # --model-ema: the average of ``model``'s weights
-    mixer: Mixer | None = None  # --mixup-alpha / --cutmix-alpha
-    eraser: Eraser | None = None  # --random-erase
-
-    def augments(self) -> dict[str, Mixer | Eraser]:
-        """The batch augmentations by name: their generators' states go into checkpoints."""
-        named = {"mix": self.mixer, "erase": self.eraser}
-        return {name: a for name, a in named.items() if a is not None}
 
 
 @dataclass
@@ -92,7 +71,7 @@ def amp_dtype(cfg: Config) -> torch.dtype | None:
 def compile_options(cfg: Config) -> dict:
     """torch.compile's keyword arguments for the resolved --compile-mode and --inductor-options."""
     t = cfg.train
-    return compile_kwargs(t.compile_mode, inductor_options(t.inductor_options))
+    return compile_kwargs(t.compile_mode, dict(cfg.typed.inductor))
 
 
 def build_evaluator(cfg: Config, dist: DistState, model: nn.Module, batch_size: int) -> Evaluator:
@@ -127,7 +106,7 @@ def build_training(
     ``parallel=False`` leaves the model unwrapped (``--batch-size auto``'s trials, which must not
     run collectives); ``compile`` overrides ``--compile``."""
     t = cfg.train
-    kernels = triton_kernels(t.triton_kernels)
+    kernels = cfg.typed.kernels
     model = build_configured_model(cfg.model, num_classes, dist.device, kernels)
     wrapped = wrap_model(model, t, dist) if parallel else None
     net = wrapped.net if wrapped else model
@@ -182,14 +161,14 @@ def build_training(
 def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
     """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
     auto`` is measured before this). ``loader_state`` resumes the train loader."""
-    t = cfg.train
-    kernels = triton_kernels(t.triton_kernels)
+    t, parsed = cfg.train, cfg.typed
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
     loader_batch = t.batch_size * replicas
-    loader_batches = {size: b * replicas for size, b in parse_batch_sizes(t.batch_sizes).items()}
+    loader_batches = {size: b * replicas for size, b in parsed.batch_sizes.items()}
     data = build_data(
         cfg.data,
+        resolution=parsed.resolution,
         batch_size=loader_batch,
         num_classes=cfg.model.num_classes,
         seed=t.seed,
@@ -197,7 +176,7 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         dtype=amp_dtype(cfg) or torch.float32,
         channels_last=cfg.model.channels_last,
         accum_steps=t.accum_steps,
-        triton_normalize="normalize" in kernels,
+        triton_normalize="normalize" in parsed.kernels,
         loader_state=loader_state,
         batches=loader_batches,
     )
@@ -219,7 +198,7 @@ def epoch_plan(
 ) -> Plan:
     """Each epoch's optimizer steps and global batch: the loader's batch at the epoch's train
     size (``batches``, else ``batch``), over every process and micro-batch."""
-    accum, resolution = cfg.train.accum_steps, train_resolution(cfg.data)
+    accum, resolution = cfg.train.accum_steps, cfg.typed.resolution
     steps, global_batches = [], []
     for epoch in range(cfg.train.epochs):
         b = resolution.batch_at(epoch, batches, batch)

@@ -14,15 +14,13 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fasttrain.config import RunConfig
 from fasttrain.errors import CheckpointWriteError, UserError, first_line
-
-if TYPE_CHECKING:
-    from fasttrain.run.build import Training
+from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")

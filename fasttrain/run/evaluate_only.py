@@ -18,12 +18,11 @@ from typing import Any
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data import build_eval_data
+from fasttrain.data.build import build_eval_data
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.model.build import build_configured_model
 from fasttrain.run.build import amp_dtype, build_evaluator
-from fasttrain.run.resolve import triton_kernels
 from fasttrain.run.runtime import (
     configure_backends,
     discard_run_dir,
@@ -50,7 +49,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
             dist=dist,
             dtype=amp_dtype(cfg) or torch.float32,
             channels_last=cfg.model.channels_last,
-            triton_normalize="normalize" in triton_kernels(t.triton_kernels),
+            triton_normalize="normalize" in cfg.typed.kernels,
         )
         in_file = classifier_classes(state)
         num_classes = cfg.model.num_classes or in_file or classes
@@ -59,9 +58,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
                 f"--data {cfg.data.path}: {classes} class folders, but the model has "
                 f"{num_classes} classes; evaluate on a val set of the classes it was trained on"
             )
-        model = build_configured_model(
-            cfg.model, num_classes, dist.device, triton_kernels(t.triton_kernels)
-        )
+        model = build_configured_model(cfg.model, num_classes, dist.device, cfg.typed.kernels)
         if load_weights(model, state, source):
             raise UserError(
                 f"{source}: its classifier has {in_file} classes and --num-classes is "

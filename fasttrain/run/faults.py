@@ -37,7 +37,7 @@ from fasttrain.errors import NonFiniteLoss
 from fasttrain.metrics.log import Logged, Metrics
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume, watchdog
-from fasttrain.run.build import Training
+from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -8,18 +8,15 @@ After ``resolve`` the config says exactly what runs, and that is what the run di
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
+from fasttrain.config.parse import Parsed, inductor_options, triton_kernels
 from fasttrain.config.paths import found_exclude_list
 from fasttrain.config.resolution import resolve_sizes
 from fasttrain.errors import UserError
 from fasttrain.run.resolve_bn import resolve_bn_paths
-from fasttrain.run.runs import newest_run_of
 
 if TYPE_CHECKING:
     from fasttrain.dist.state import DistState
@@ -42,8 +39,10 @@ def resolve(
     notes: list[str] | None = None,
 ) -> Config:
     """Fill the auto values for this launch, in place, and refuse combinations that cannot
-    work. ``gpus``, ``cpus`` and ``dali`` (visible GPUs, usable CPU cores, whether DALI imports)
-    are looked up when not given. What the user should hear once goes into ``notes``."""
+    work; the strings that hold several values are parsed as they are checked, once, into
+    ``cfg.parsed``. ``gpus``, ``cpus`` and ``dali`` (visible GPUs, usable CPU cores, whether DALI
+    imports) are looked up when not given. What the user should hear once goes into ``notes``.
+    The run folder is ``runs.place_run``'s to choose, after this."""
     notes = [] if notes is None else notes
     t, d = cfg.train, cfg.data
     t.device = dist.device.type
@@ -67,7 +66,7 @@ def resolve(
         )
     if d.workers is None:
         d.workers = min(16, cpus or len(os.sched_getaffinity(0)))
-    _resolve_compile(t, notes, sample=d.path is None and d.loader != "synthetic")
+    inductor = _resolve_compile(t, notes, sample=d.path is None and d.loader != "synthetic")
     if d.loader == "auto":
         if dali is None:
             from fasttrain.data.dali_install import dali_available
@@ -94,7 +93,7 @@ def resolve(
         found = found_exclude_list(d.path)
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
-    resolve_sizes(cfg, notes)
+    resolution, batch_sizes = resolve_sizes(cfg, notes)
     if d.auto_augment != "none" and d.loader == "synthetic":
         raise UserError(
             f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
@@ -102,45 +101,33 @@ def resolve(
         )
     _unused_notes(cfg, notes)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
-    _resolve_kernels(cfg)  # after the loader and the strategy, which decide what auto picks
-    r = cfg.run
-    if r.output_dir is None and r.name is None and r.resume == "auto":
-        found = newest_run_of(cfg, Path("runs"))
-        if found is not None:
-            r.output_dir = str(found)
-            notes.append(
-                f"--resume auto: continuing {found}, the newest run of this config under runs/ "
-                "(--output-dir chooses another)"
-            )
-    if r.output_dir is None:
-        r.output_dir = str(Path("runs") / (r.name or time.strftime("%Y%m%d-%H%M%S")))
+    kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
+    cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes)
     return cfg
 
 
-def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
-    """Check the compile and graph settings together; fill the mode and inductor options."""
-    if t.compile_mode == "auto":
-        fast = t.compile and t.device == "cuda" and not sample
-        t.compile_mode = FASTEST_COMPILE_MODE if fast else "default"
-        given, tuning = t.inductor_options, FASTEST_INDUCTOR_OPTIONS
-        if fast and given is None:
-            t.inductor_options = tuning
-        elif (
-            fast  # the tuning joins --inductor-options, unless they set it themselves
-            and given not in ("", "none")
-            and not inductor_options(given).keys() & inductor_options(tuning).keys()
-        ):
-            t.inductor_options = f"{tuning},{given}"
-    elif not t.compile and t.compile_mode != "default":
-        raise UserError(f"--compile-mode {t.compile_mode}: add --compile to use it")
+def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> dict[str, Any]:
+    """Check the compile and graph settings together; fill the mode and inductor options, and
+    return those parsed (none without --compile)."""
+    given = t.inductor_options
     if not t.compile:
-        if t.inductor_options not in (None, "", "none"):
-            raise UserError(f"--inductor-options {t.inductor_options}: add --compile to use it")
-        t.inductor_options = None
-    elif t.inductor_options is None:
-        t.inductor_options = "none"
-    if t.compile:
-        inductor_options(t.inductor_options)  # a bad name or value fails now, not mid-compile
+        if t.compile_mode not in ("auto", "default"):
+            raise UserError(f"--compile-mode {t.compile_mode}: add --compile to use it")
+        if given not in (None, "", "none"):
+            raise UserError(f"--inductor-options {given}: add --compile to use it")
+        t.compile_mode, t.inductor_options, inductor = "default", None, {}
+    else:
+        inductor = inductor_options(given)  # a bad name or value fails now, not mid-compile
+        if t.compile_mode == "auto":
+            fast = t.device == "cuda" and not sample
+            t.compile_mode = FASTEST_COMPILE_MODE if fast else "default"
+            # the tuning joins --inductor-options, unless they set it themselves or say none
+            tuning = FASTEST_INDUCTOR_OPTIONS
+            if fast and given not in ("", "none") and tuning not in inductor:
+                inductor = {tuning: True, **inductor}
+                t.inductor_options = ",".join(filter(None, (tuning, given)))
+        if t.inductor_options is None:
+            t.inductor_options = "none"
     if t.cuda_graphs and t.device != "cuda":
         t.cuda_graphs = False
         notes.append("--cuda-graphs needs a CUDA GPU: training without CUDA graphs")
@@ -150,6 +137,7 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> None:
             "in --cuda-graphs' whole-step graph: use --compile-mode max-autotune-no-cudagraphs "
             "or default with --cuda-graphs"
         )
+    return inductor
 
 
 def _changed(cfg: Config, keys: list[str]) -> list[str]:
@@ -234,8 +222,9 @@ def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str])
         )
 
 
-def _resolve_kernels(cfg: Config) -> None:
-    """``auto`` picks the kernels measured faster in the step; named ones are checked."""
+def _resolve_kernels(cfg: Config) -> frozenset[str]:
+    """``auto`` picks the kernels measured faster in the step; named ones are checked. Returns
+    the set."""
     t = cfg.train
     gpu = t.device == "cuda"
     if t.triton_kernels == "auto":
@@ -245,7 +234,7 @@ def _resolve_kernels(cfg: Config) -> None:
             # not sgd, for LARS either: torch's foreach LARS made the graphed ResNet-50 step
             # 1.6% faster than the Triton kernel on an H200 (BENCHMARKS.md, recipe pieces)
         }
-        kernels = {k for k, on in picked.items() if on}
+        kernels = frozenset(k for k, on in picked.items() if on)
     else:
         kernels = triton_kernels(t.triton_kernels)
         if kernels and not gpu:
@@ -269,56 +258,4 @@ def _resolve_kernels(cfg: Config) -> None:
             "then runs in torch's foreach ops)"
         )
     t.triton_kernels = ",".join(k for k in KERNELS if k in kernels) or "none"
-
-
-def triton_kernels(text: str) -> set[str]:
-    """The set ``--triton-kernels`` names (resolved: never "auto"); an unknown name is a
-    one-line error."""
-    names = {k.strip() for k in text.split(",") if k.strip() and k.strip() != "none"}
-    unknown = names - set(KERNELS)
-    if unknown:
-        raise UserError(
-            f"--triton-kernels: unknown {', '.join(sorted(unknown))}; choose from "
-            f"{', '.join(KERNELS)} or none"
-        )
-    return names
-
-
-def inductor_options(text: str | None) -> dict[str, Any]:
-    """Parse ``NAME[=VALUE],...`` against torch._inductor.config; a bare NAME means True."""
-    if text in (None, "", "none"):
-        return {}
-    from torch._inductor import config as inductor_config
-
-    known = inductor_config.get_config_copy()
-    items: list[str] = []
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        # a string setting's value may hold commas itself (max_autotune_gemm_backends=ATEN,TRITON)
-        if items and "=" not in item and item not in known and "=" in items[-1]:
-            items[-1] += "," + item
-        else:
-            items.append(item)
-    options: dict[str, Any] = {}
-    for item in items:
-        name, _, raw = item.partition("=")
-        name = name.strip()
-        if name not in known:
-            raise UserError(
-                f"--inductor-options: {name!r} is not a torch._inductor.config setting "
-                "(e.g. conv_1x1_as_mm, coordinate_descent_tuning, max_autotune)"
-            )
-        if not raw:
-            options[name] = True
-            continue
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        default = known[name]
-        if default is not None and not isinstance(value, type(default)):
-            raise UserError(
-                f"--inductor-options: {name}={raw} should be a {type(default).__name__} "
-                f"like its default {default!r}"
-            )
-        options[name] = value
-    return options
+    return kernels

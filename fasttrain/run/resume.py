@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,9 +17,7 @@ import torch
 from fasttrain.config import Config
 from fasttrain.errors import UserError, first_line
 from fasttrain.step.plan import Plan
-
-if TYPE_CHECKING:
-    from fasttrain.run.build import Training
+from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
 

@@ -4,6 +4,7 @@ and the start-up lines that say what will run."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -18,10 +19,10 @@ from fasttrain.dist.state import DistState
 from fasttrain.metrics.profiling import configure
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
-from fasttrain.run.build import Built, Training, build
-from fasttrain.run.resolve import inductor_options
+from fasttrain.run.build import Built, build
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import load_weights, read_state_dict
+from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
 
@@ -44,6 +45,7 @@ def set_up(
 
         t.batch_size, batches = auto_batch_size(cfg, dist, resumed)
         t.batch_sizes = format_batch_sizes(batches)
+        cfg.parsed = dataclasses.replace(cfg.typed, batch_sizes=batches)
         seed_everything(t.seed)  # the trials drew from the RNG; the run starts as if they had not
         if dist.is_main:
             save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
@@ -54,7 +56,7 @@ def set_up(
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
-    tunes = inductor_options(t.inductor_options).get("coordinate_descent_tuning")
+    tunes = cfg.typed.inductor.get("coordinate_descent_tuning")
     if t.compile and dist.is_main and ("autotune" in t.compile_mode or tunes):
         log.info(
             "--compile-mode %s, --inductor-options %s: the first start benchmarks inductor's "

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from fasttrain.config import Config
-from fasttrain.config.resolution import parse_batch_sizes, train_resolution
 from fasttrain.dist.parallel import average_bn_statistics
 from fasttrain.dist.state import DistState
 from fasttrain.errors import OutOfMemory, UserError
-from fasttrain.metrics.log import DeviceMeter, Metrics, peak_memory_gib, rates_by
-from fasttrain.metrics.profiling import RunProfiler, StepTimer, report_profile, span
+from fasttrain.metrics.log import Metrics
+from fasttrain.metrics.meter import DeviceMeter, StepTimer, peak_memory_gib
+from fasttrain.metrics.profiling import RunProfiler, report_profile, span
+from fasttrain.metrics.rates import rates_by
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built
@@ -67,7 +68,7 @@ class Trainer:
         }
         if not self.plan.is_uniform:
             self.summary["plan"] = self.plan.state_dict()
-        self.resolution = train_resolution(cfg.data)
+        self.resolution = cfg.typed.resolution
         self.epoch = self.plan.locate(start_step)[0]
         self.size = self.resolution.size_at(self.epoch)
         self.resized: tuple[int, float] | None = None  # a new size's first step and start time
@@ -293,7 +294,7 @@ class Trainer:
             self.dist,
         )
         t = self.cfg.train
-        own = parse_batch_sizes(t.batch_sizes).get(self.size)  # this size's own batch, if any
+        own = self.cfg.typed.batch_sizes.get(self.size)  # this size's own batch, if any
         flag = f"--batch-sizes {self.size}:{own}" if own else f"--batch-size {t.batch_size}"
         return OutOfMemory(
             f"out of GPU memory at {flag} ({self.cfg.model.arch}, {self.size} px, amp "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -142,11 +143,14 @@ def plan_schedule(cfg: OptimConfig, plan: Plan) -> Schedule:
     )
 
 
-class InPlaceGradients(torch.optim.Optimizer):
-    """An optimizer that needs its gradients in place: they are views of buffers it owns, so
-    they must be zeroed, never set to None (a CUDA-graphed step zeroes them inside the graph),
-    and DDP, which owns its own gradient buckets, cannot use it. fasttrain's Triton SGD / LARS
-    (``kernels/sgd.py``) is one."""
+@runtime_checkable
+class InPlaceGradients(Protocol):
+    """An optimizer that needs its gradients in place: they are views of one buffer it owns
+    (``flat_grad``), so they must be zeroed, never set to None (a CUDA-graphed step zeroes them
+    inside the graph), and DDP, which owns its own gradient buckets, cannot use it. fasttrain's
+    Triton SGD / LARS (``kernels/sgd.py``, which imports nothing of fasttrain) is one."""
+
+    flat_grad: torch.Tensor  # every parameter's gradient is a view of it
 
 
 def build_optimizer(
@@ -155,7 +159,7 @@ def build_optimizer(
     """``--opt sgd``: torch's fused SGD, or with ``triton`` fasttrain's Triton SGD over flat
     buffers. ``--opt lars``: with ``triton`` the Triton kernel (one GPU process), else the
     foreach form (``lars.Lars``: the CPU, DDP). The pairs hold the same update rule
-    (tests/test_kernels.py)."""
+    (tests/kernels/test_kernels.py)."""
     groups = param_groups(model, cfg.weight_decay, cfg.bn_weight_decay)
     if triton:
         from fasttrain.kernels.sgd import FusedSGD

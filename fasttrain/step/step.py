@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fasttrain.metrics.log import DeviceMeter
+from fasttrain.metrics.meter import DeviceMeter
 from fasttrain.metrics.profiling import span
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser

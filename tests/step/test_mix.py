@@ -101,7 +101,7 @@ def test_a_run_with_mixup_and_cutmix_trains_and_resumes_bit_for_bit(run, tiny_da
 
 
 def test_mixing_refuses_the_triton_cross_entropy():
-    from tests.test_config import resolved
+    from tests.config.test_config import resolved
 
     with pytest.raises(UserError, match="leave xent out with --mixup-alpha"):
         resolved(["--data", "/d", "--mixup-alpha", "0.2", "--triton-kernels", "xent"])

@@ -131,7 +131,7 @@ def test_fused_sgd_through_the_trainers_step_matches_torch_sgd(accum):
     set_to_none, the LR from the schedule) updates as torch's SGD does, in fp32. On an H200 the
     free-running bf16 comparison drifted (BENCHMARKS.md); this holds the update rule itself."""
     from fasttrain.config import OptimConfig
-    from fasttrain.metrics.log import DeviceMeter
+    from fasttrain.metrics.meter import DeviceMeter
     from fasttrain.step.optim import build_schedule
     from fasttrain.step.step import build_step
 

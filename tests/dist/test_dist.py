@@ -20,7 +20,7 @@ from fasttrain.config import OptimConfig, TrainConfig
 from fasttrain.data.torchvision import TrainSampler
 from fasttrain.dist.parallel import wrap_model
 from fasttrain.dist.state import CollectiveTimeout, DistState
-from fasttrain.metrics.log import DeviceMeter
+from fasttrain.metrics.meter import DeviceMeter
 from fasttrain.step.optim import build_optimizer
 from fasttrain.step.step import build_step
 from tests.conftest import FAST, constant_lr, last_checkpoint

@@ -7,7 +7,7 @@ from fasttrain.data.folder import scan_folder
 from tests.conftest import FAST, assert_exact_resume
 
 pytest.importorskip("nvidia.dali")
-from fasttrain.data.dali import DaliLoader
+from fasttrain.data.dali import DaliTrainLoader, DaliValLoader, build_dali_loader
 
 
 def loader(
@@ -21,8 +21,8 @@ def loader(
     channels_last=True,
     device="cpu",
     **kw,
-) -> DaliLoader:
-    return DaliLoader(
+) -> DaliTrainLoader | DaliValLoader:
+    return build_dali_loader(
         samples,
         train=train,
         image_size=32,
@@ -252,9 +252,10 @@ def test_val_crop_and_resize_reach_both_loaders(tiny_data):
     samples = scan_folder(tiny_data).val[:16]
 
     def batches(**size):
-        dali = DaliLoader(samples, train=False, batch_size=16, threads=2, hw_decoder_load=0.99,
-                          seed=0, rank=0, world=1, local_rank=0, device=torch.device("cpu"),
-                          channels_last=True, **size)  # fmt: skip
+        dali = build_dali_loader(samples, train=False, batch_size=16, threads=2,
+                                 hw_decoder_load=0.99, seed=0, rank=0, world=1, local_rank=0,
+                                 device=torch.device("cpu"), channels_last=True,
+                                 **size)  # fmt: skip
         ref = build_torchvision_loader(samples, train=False, batch_size=16, workers=0, seed=0,
                                        rank=0, world=1, device=torch.device("cpu"),
                                        dtype=torch.float32, channels_last=True, **size)  # fmt: skip

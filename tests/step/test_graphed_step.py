@@ -1,5 +1,6 @@
-"""GPU-only checks (skipped without CUDA): the graphed and compiled steps against eager, host
-syncs in the steady state, capture fallback, and graphed eval."""
+"""The compiled and CUDA-graphed steps against the eager one on a GPU (``gpu``): the same
+losses and weights, no host sync in the steady state, capture of every recipe piece, capture
+failure, and graphed evaluation."""
 
 import functools
 import itertools
@@ -10,18 +11,14 @@ import torch
 from torch import nn
 
 from fasttrain.config import OptimConfig
-from fasttrain.data.folder import scan_folder
-from fasttrain.metrics.log import DeviceMeter, Metrics
-from fasttrain.metrics.profiling import StepTimer
+from fasttrain.metrics.meter import DeviceMeter
 from fasttrain.model.build import build_model
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
 from fasttrain.step.evaluate import Evaluator
 from fasttrain.step.mix import Mixer
 from fasttrain.step.optim import build_optimizer, build_schedule
-from fasttrain.step.plan import Plan
 from fasttrain.step.step import GraphedStep, build_step
-from tests.conftest import train_loader
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda") if torch.cuda.is_available() else None
@@ -124,12 +121,12 @@ def test_step_matches_eager_over_24_steps(kind, triton):
     total updates differ by 98% of their norm after 24 steps) while the losses stay together;
     BatchNorm makes most weight directions loss-neutral. The graph is held to its base step
     exactly instead (next test), and the compiled step to eager step by step on the CPU in
-    fp32 (tests/test_train.py)."""
+    fp32 (tests/run/test_train.py)."""
     data = batches(24)
     start = flat(make("eager")[0])
     # eager with the same optimizer: against torch's SGD, the Triton SGD's compiled run drifted
     # 6.5% by step 24 on an H200 (free-running bf16, like compiled vs eager's 98% update drift);
-    # its update rule is held to torch's in fp32 by tests/test_kernels.py
+    # its update rule is held to torch's in fp32 by tests/kernels/test_kernels.py
     ref_model, ref_step = make("eager", triton=triton)
     ref_losses = train(ref_step, data)
     model, step = make(kind, triton=triton)
@@ -212,7 +209,7 @@ def test_graphed_replays_read_fixed_loader_buffers_without_a_copy():
 def test_accumulation_is_captured_with_the_update(triton):
     """The graph against its own eager step (same optimizer). Against torch's SGD the Triton
     SGD's free-running bf16 update was 32% apart after 8 steps on an H200, most likely different
-    rounding amplified: step by step in fp32 the two agree (tests/test_kernels.py)."""
+    rounding amplified: step by step in fp32 the two agree (tests/kernels/test_kernels.py)."""
     data = batches(16)
     ref_model, ref_step = make("eager", accum=2, triton=triton)
     ref_losses = train(ref_step, data, accum=2)
@@ -326,7 +323,7 @@ def test_capture_failure_names_the_op_and_trains_on_ungraphed(caplog):
     assert step.capture_failed and step.graph is None
     warning = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "capturing the training step failed" in warning
-    assert "test_gpu.py" in warning and "loss.item()" in warning, warning
+    assert "test_graphed_step.py" in warning and "loss.item()" in warning, warning
     _ref_model, ref_step = make("eager", criterion=SyncingLoss())
     assert losses == pytest.approx(train(ref_step, data), rel=2e-2)
 
@@ -403,64 +400,6 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     assert n == 25 * BATCH and loss == loss and 0 <= top1 <= 100
 
 
-@pytest.mark.parametrize("sync", [False, True], ids=["default", "sync"])
-def test_a_log_step_leaves_the_gpu_busy_unless_log_sync(tmp_path, sync):
-    """A log step returns while the GPU still runs the steps before it (a 25 ms spin here), and
-    without a stream sync; the reference (``sync=True``) waits for them. Each interval is timed
-    on the GPU: at least its spin, which is the step, so the GPU is hardly idle."""
-    # Warm-up, as the trainer's first (compiling) step is: the first launch of each kernel loads
-    # its module (lazy loading), host time that would fall into the first interval as GPU idle
-    warm = DeviceMeter(DEV)
-    warm.add_device(torch.tensor(2.0, device=DEV), torch.tensor(8.0, device=DEV), BATCH)
-    warm.samples += BATCH
-    torch.cuda._sleep(1000)
-    warm.flush()
-    timer = StepTimer(DEV)
-    metrics = Metrics(
-        tmp_path,
-        is_main=True,
-        total_steps=4,
-        start_step=0,
-        world_size=1,
-        device=DEV,
-        sync=sync,
-        timer=timer,
-    )
-    meter = DeviceMeter(DEV)
-    loss, correct = torch.tensor(2.0, device=DEV), torch.tensor(8.0, device=DEV)
-    busy = torch.cuda.Event()
-    logged = []
-    torch.cuda.synchronize()
-    metrics.restart_interval()  # as the trainer does after its first step
-    for step in range(1, 5):
-        meter.add_device(loss, correct, BATCH)
-        meter.samples += BATCH
-        metrics.step_done(BATCH, 0.0)
-        with timer.step():
-            torch.cuda._sleep(50_000_000)  # about 25 ms at the H200's clock
-        busy.record()
-        torch.cuda.set_sync_debug_mode(0 if sync else "error")
-        try:
-            logged += metrics.log_train(step, 0, meter, 0.1)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        assert busy.query() == sync, f"step {step}"
-    if not sync:  # after a fault: the interval in flight only if reading it would not wait
-        assert metrics.settle(only_if_landed=True) == [] and not busy.query()
-    logged += metrics.settle()
-    metrics.close()
-    assert [e.record["step"] for e in logged] == [1, 2, 3, 4]
-    for e in logged:
-        assert e.record["loss"] == 2.0 and e.record["top1"] == 25.0 and not e.stop
-        assert 0 < e.record["img_per_s"] < BATCH / 0.02  # each interval holds its spin
-        assert e.record["gpu_step_ms"] > 20 and e.record["data_wait_frac"] == 0
-        # reading late the host runs ahead, so the spin (the step) keeps the GPU busy; with
-        # sync=True the GPU drains at each log step and idles while the host writes the log
-        # (0.21 of a 25 ms interval once on an H200): by design, but the spin is still most of it
-        idle, bound = e.record["gpu_idle_frac"], 0.5 if sync else 0.2
-        assert 0 <= idle < bound, f"step {e.record['step']}: idle {idle}"
-
-
 def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():
     data = batches(6)
     model, step = make("eager+graph")
@@ -482,60 +421,3 @@ def test_graphed_eval_matches_eager_eval_and_leaves_the_train_graph_alone():
     losses = train(step, data[4:], meter=meter, first=4)
     assert step.graph is graph
     assert losses == pytest.approx(ref_losses[4:], rel=2e-2)
-
-
-def test_torchvision_loader_copies_without_syncing(tiny_data):
-    samples = scan_folder(tiny_data).train
-    loader = train_loader(samples, workers=2, device="cuda", dtype=torch.bfloat16)
-    loader.set_epoch(0)
-    n = 0
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # after construction: only iteration is steady state
-    try:
-        for x, y in loader:
-            assert x.is_cuda and x.dtype == torch.bfloat16 and y.dtype == torch.int64
-            assert x.is_contiguous(memory_format=torch.channels_last)
-            n += 1
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert n == len(loader)
-
-
-def test_auto_batch_size_settles_within_what_is_free():
-    """With all but a few GiB of the GPU taken, the search settles on a batch whose real step
-    (warm-up and graph capture included) peaks within the budget, after a larger one failed."""
-    from fasttrain.config import Config
-    from fasttrain.dist.state import DistState
-    from fasttrain.run.autobatch import HEADROOM, find_batch_size, step_builder
-    from fasttrain.run.build import build_training
-
-    cfg = Config()  # ResNet-50, eager, bf16, channels_last, graphed
-    cfg.train.amp, cfg.train.cuda_graphs, cfg.train.triton_kernels = "bf16", True, "none"
-    dist = DistState(0, 0, 1, torch.device(DEV))
-
-    def make_training():
-        return build_training(
-            cfg, dist, num_classes=CLASSES, plan=Plan.uniform(100, 256, 1), parallel=False
-        )
-
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    blocker = torch.empty(free - int(HEADROOM * total) - 6 * 2**30, dtype=torch.uint8, device=DEV)
-    try:
-        build = step_builder(
-            make_training,
-            224,
-            CLASSES,
-            torch.bfloat16,
-            True,
-            DEV,
-            steps=5,
-        )
-        found = find_batch_size(build, DEV)
-    finally:
-        del blocker
-        torch.cuda.empty_cache()
-    print(f"auto batch {found.batch}: {found.trials}")
-    assert found.batch >= 8 and found.batch % 8 == 0
-    assert 0 < found.peak_bytes <= found.budget_bytes <= 6.5 * 2**30
-    assert any(b > found.batch and (p is None or p > found.budget_bytes) for b, p in found.trials)

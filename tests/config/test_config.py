@@ -9,10 +9,12 @@ import yaml
 
 from fasttrain.config import OPTIONS, SECTIONS, Config
 from fasttrain.config.cli import build_parser, load_yaml, parse_args, save_resolved
+from fasttrain.config.parse import inductor_options
 from fasttrain.config.paths import config_dir
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
-from fasttrain.run.resolve import FASTEST_COMPILE_MODE, inductor_options, resolve
+from fasttrain.run.resolve import FASTEST_COMPILE_MODE, resolve
+from fasttrain.run.runs import place_run
 from fasttrain.step.step import compile_kwargs
 
 
@@ -25,7 +27,9 @@ def launch(cuda: bool = True, world: int = 1, nodes: int = 1) -> DistState:
 def resolved(argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None) -> Config:
     cfg = parse_args(argv, cuda_available=cuda)[0]
     gpus = (max(world, 1) if cuda else 0) if gpus is None else gpus
-    return resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes)
+    resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes)
+    place_run(cfg, [] if notes is None else notes)
+    return cfg
 
 
 def write(tmp_path: Path, text: str) -> Path:

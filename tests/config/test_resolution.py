@@ -15,8 +15,8 @@ from fasttrain.data.folder import scan_folder
 from fasttrain.data.synthetic import SyntheticLoader
 from fasttrain.data.torchvision import ImageFolderDataset
 from fasttrain.errors import UserError
+from tests.config.test_config import resolved
 from tests.conftest import FAST, Run, assert_exact_resume
-from tests.test_config import resolved
 
 
 def ffcv_resolution(epoch, min_res, max_res, end_ramp, start_ramp):
@@ -122,7 +122,7 @@ def test_dali_changes_size_at_the_epoch_with_the_samples_and_crops_it_would_have
     same order, as a pipeline that never changed size, and the same crop windows (the smaller
     crop matches the larger one resized)."""
     pytest.importorskip("nvidia.dali")
-    from tests.test_dali import epoch, indexed, loader
+    from tests.data.test_dali import epoch, indexed, loader
 
     samples = indexed(scan_folder(tiny_data).train)
     fixed = loader(samples, batch_size=32)
@@ -142,7 +142,7 @@ def test_dali_changes_size_at_the_epoch_with_the_samples_and_crops_it_would_have
 
 def test_dali_resumes_across_a_size_change(tiny_data):
     pytest.importorskip("nvidia.dali")
-    from tests.test_dali import epoch, indexed, loader
+    from tests.data.test_dali import epoch, indexed, loader
 
     samples = indexed(scan_folder(tiny_data).train)
     r = Resolution(32, 64, 0, 1)
@@ -186,7 +186,7 @@ def test_dali_on_the_gpu_rebuilds_its_pipeline_at_a_new_size(tiny_data):
     """The GPU pipeline (mixed decoder, hardware JPEG decode) rebuilt from its checkpoint: the
     labels go on as a pipeline that never changed size, at the new size."""
     pytest.importorskip("nvidia.dali")
-    from tests.test_dali import epoch, indexed, loader
+    from tests.data.test_dali import epoch, indexed, loader
 
     samples = indexed(scan_folder(tiny_data).train)
     fixed = loader(samples, batch_size=32, device="cuda")
@@ -201,7 +201,7 @@ def test_dali_on_the_gpu_rebuilds_its_pipeline_at_a_new_size(tiny_data):
 
 
 def test_rates_by_size_read_each_size_as_a_run_of_its_own():
-    from fasttrain.metrics.log import rates_by
+    from fasttrain.metrics.rates import rates_by
 
     r = Resolution(32, 64, 1, 2)  # 32 px in epochs 0-1, 64 px from epoch 2
     # (epoch, images, seconds): each size's first epoch is left out where it has a later one
@@ -216,7 +216,7 @@ def test_dali_takes_each_sizes_own_batch_in_the_same_sample_order_and_resumes_ac
     at the epoch's start; the epoch's samples come in the order a fixed batch gives them, and a
     run resumed in the new batch's epoch yields exactly what the uninterrupted one does."""
     pytest.importorskip("nvidia.dali")
-    from tests.test_dali import epoch, indexed, loader
+    from tests.data.test_dali import epoch, indexed, loader
 
     samples = indexed(scan_folder(tiny_data).train)
     r, batches = Resolution(32, 64, 1, 2), {32: 16, 64: 32}

@@ -124,7 +124,7 @@ def test_fused_sgd_with_a_tensor_lr_matches_foreach_sgd():
 def test_clip_grad_norm_clips_the_total_norm_before_the_update(max_norm):
     """The step's --clip-grad-norm against torch's clip_grad_norm_ written out by hand (and a
     bound too large to clip, which must change nothing)."""
-    from fasttrain.metrics.log import DeviceMeter
+    from fasttrain.metrics.meter import DeviceMeter
     from fasttrain.step.step import build_step
     from tests.conftest import constant_lr
 

@@ -11,8 +11,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from fasttrain.data.folder import scan_folder
-from fasttrain.metrics.log import DeviceMeter, Metrics, progress_text
-from fasttrain.metrics.profiling import StepTimer
+from fasttrain.metrics.log import Metrics
+from fasttrain.metrics.meter import DeviceMeter, StepTimer
+from fasttrain.metrics.rates import progress_text
 from fasttrain.model.build import build_model
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.step.step import build_step

@@ -207,3 +207,21 @@ def test_auto_augment_in_the_torchvision_loader_is_seeded_per_sample(tiny_data, 
     assert all(torch.equal(first[i], backwards[i]) for i in range(8))
     assert any(not torch.equal(a, plain[(i, 1)][0]) for i, a in enumerate(first))
     assert all(a.shape == (32, 32, 3) and a.dtype == torch.uint8 for a in first)
+
+
+@pytest.mark.gpu
+def test_torchvision_loader_copies_without_syncing(tiny_data):
+    samples = scan_folder(tiny_data).train
+    loader = train_loader(samples, workers=2, device="cuda", dtype=torch.bfloat16)
+    loader.set_epoch(0)
+    n = 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # after construction: only iteration is steady state
+    try:
+        for x, y in loader:
+            assert x.is_cuda and x.dtype == torch.bfloat16 and y.dtype == torch.int64
+            assert x.is_contiguous(memory_format=torch.channels_last)
+            n += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert n == len(loader)

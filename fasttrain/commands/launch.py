@@ -1,0 +1,46 @@
+"""``--nproc-per-node N``: N processes on this machine through torch.distributed.run."""
+
+from __future__ import annotations
+
+import os
+
+from fasttrain.commands import say
+from fasttrain.errors import UserError
+
+
+def launch(argv: list[str]) -> int | None:
+    """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
+    (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
+    for i, arg in enumerate(argv):
+        if arg == "--nproc-per-node" or arg.startswith("--nproc-per-node="):
+            value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[:i] + argv[i + (1 if "=" in arg else 2) :]
+            break
+    else:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--nproc-per-node {value!r}: expected a positive number of processes")
+    if "LOCAL_RANK" in os.environ:
+        raise UserError("--nproc-per-node: this process was already launched by torchrun")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(["--standalone", f"--nproc-per-node={value}", "-m", "fasttrain", *rest])
+    except SignalException as e:  # preempted: torchrun passed the signal on and waited
+        say(
+            f"stopped by {e.sigval.name}; each process checkpointed before exiting "
+            "(see log-rank<N>.txt): the same command with --resume auto continues"
+        )
+        return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        say(f"a training process failed (exit code {_first_exit(e)}); its log is above")
+        return _first_exit(e) or 1
+    return 0
+
+
+def _first_exit(e) -> int:
+    for failure in e.failures.values():
+        return int(failure.exitcode) if failure.exitcode > 0 else 1
+    return 1

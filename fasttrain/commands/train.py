@@ -1,0 +1,67 @@
+"""Training, and ``evaluate`` (``--test-only``): parse the flags, start the processes' group,
+resolve the settings and the run folder, build the sample set where no ``--data`` is given, then
+train or evaluate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from fasttrain.commands import say, unexpected_failure
+from fasttrain.config.cli import parse_args
+from fasttrain.config.paths import cache_dir
+from fasttrain.dist.state import DistState
+from fasttrain.errors import UserError
+from fasttrain.run.resolve import resolve
+from fasttrain.run.runs import place_run
+
+
+def main(argv: Sequence[str], t_start: float) -> int:
+    """Train (or evaluate) as ``argv`` says; ``t_start``: when the program started, for the
+    start-up time it reports."""
+    cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
+    dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
+    run_log: Path | None = None  # known once the config is resolved
+    try:
+        try:
+            resolve(cfg, dist, notes=notes)
+            place_run(cfg, notes)
+            run_log = Path(cfg.run.output_dir) / f"log-rank{dist.rank}.txt"
+            if dist.is_main:
+                for note in notes:
+                    say(note)
+            if cfg.data.path is None and cfg.data.loader != "synthetic":
+                t_start = _sample_set(cfg, dist)
+            if cfg.run.test_only:
+                from fasttrain.run.evaluate_only import evaluate_only
+
+                evaluate_only(cfg, dist)
+            else:
+                from fasttrain.run.train import train
+
+                train(cfg, dist, t_start)
+        finally:
+            dist.close()
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception:
+        return unexpected_failure(run_log)
+    return 0
+
+
+def _sample_set(cfg, dist: DistState) -> float:
+    """Build the built-in sample set (once, on the main process) and train on it; returns the
+    time start-up is counted from: a one-off build is not part of it."""
+    from fasttrain.data.sample import build_sample
+
+    t_build = time.perf_counter()
+    if dist.is_main:  # one builder; the other ranks then find it built
+        build_sample(cache_dir(), log=say, bar=True)
+    dist.barrier()
+    cfg.data.path = str(build_sample(cache_dir(), log=lambda m: None))
+    if time.perf_counter() - t_build > 1 and dist.is_main:
+        say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
+    return time.perf_counter()
