@@ -53,7 +53,8 @@ def make_step(
     configure_backends(dev)  # as the trainer's set-up does: cuDNN picks each convolution by timing
     torch.manual_seed(0)
     cfg = Config()
-    cfg.model.arch, cfg.data.image_size, cfg.model.fused_bn = arch, image_size, fused_bn
+    cfg.model.arch, cfg.data.image_size = arch, image_size
+    cfg.model.fused_bn = "on" if fused_bn else "off"
     cfg.model.cudnn_bn = cudnn_bn
     cfg.optim = OptimConfig(warmup_epochs=1, lr_schedule="cosine", label_smoothing=0.1)
     t = cfg.train

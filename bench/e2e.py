@@ -12,7 +12,7 @@ the machine does not fall on one variant.
 is a directory that ``import fasttrain`` finds it in, first on PYTHONPATH (e.g. another commit
 installed with ``pip install --no-deps --target PATH CHECKOUT``). ``--variant LABEL=FLAGS`` adds
 runs with FLAGS appended to the trainer's flags, beside the runs without them (e.g.
-``--variant fused="--fused-bn"``).
+``--variant fused="--fused-bn"``); ``--variants-only`` leaves the runs without them out.
 
 Examples:
     python bench/e2e.py                                # DALI against synthetic data, one GPU
@@ -20,6 +20,8 @@ Examples:
     python bench/e2e.py --data /data/imagenet -- --max-steps 3000
     python bench/e2e.py --tree before=/tmp/before   # this version against another
     python bench/e2e.py --loaders dali --variant fused="--fused-bn"   # a flag's worth
+    python bench/e2e.py --tree before=/tmp/before --variants-only \
+        --variant plain=--no-fused-bn --variant fused=--fused-bn   # two versions, path by path
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ def absolute_paths(flags: list[str]) -> list[str]:
     return out
 
 
+def parse_variants(given: list[str], only: bool) -> list[tuple[str, list[str]]]:
+    """(label, added flags) of each variant run: the flags as given (label "") unless ``only``,
+    then each ``--variant LABEL=FLAGS``."""
+    variants: list[tuple[str, list[str]]] = [] if only else [("", [])]
+    return variants + [
+        (v.split("=", 1)[0], absolute_paths(v.split("=", 1)[1].split())) for v in given
+    ]
+
+
 def run(label: str, tree: Path | None, argv: list[str], gpus: int, out: Path) -> dict:
     """One trainer run on ``gpus`` GPUs; its summary.json, with what ran. It starts outside the
     repository, so that ``python -m`` imports the installed package (or ``tree``), not the
@@ -141,6 +152,8 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=FLAGS",
                    help="also run with FLAGS (space-separated) added to the trainer's "
                    "flags")  # fmt: skip
+    p.add_argument("--variants-only", action="store_true",
+                   help="run the --variant runs alone, not the flags without them")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("e2e-runs"), help="output directory")
     args, extra = p.parse_known_args()
     flags = absolute_paths([f for f in extra if f != "--"] or DEFAULT_FLAGS)
@@ -156,10 +169,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     found = [f"{label}: {where(tree, args.out)}" for label, tree in trees]
     print("fasttrain imported from " + "; ".join(found), file=sys.stderr)
-    variants: list[tuple[str, list[str]]] = [("", [])]
-    variants += [
-        (v.split("=", 1)[0], absolute_paths(v.split("=", 1)[1].split())) for v in args.variant
-    ]
+    variants = parse_variants(args.variant, args.variants_only)
     summaries = []
     runs = itertools.product(
         range(args.repeat), trees, variants, args.loaders.split(","), map(int, args.gpus.split(","))

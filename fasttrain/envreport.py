@@ -88,6 +88,7 @@ def env_report() -> str:
         else "n/a"
     )
     lines.append(f"cuDNN        {cudnn}")
+    lines.append(f"cuDNN front  {_version('nvidia-cudnn-frontend', 'cudnn')}")
     try:
         nccl = (
             ".".join(map(str, torch.cuda.nccl.version()))

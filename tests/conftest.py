@@ -46,6 +46,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def cudnn_frontend() -> None:
+    """The cuDNN frontend, which the fused and cuDNN BatchNorm paths run on a GPU: one of
+    fasttrain's dependencies, so a GPU test that needs it fails (not skips) without it."""
+    from fasttrain.model.cudnn import graph as cudnn_graph
+
+    assert cudnn_graph.available(), (
+        "the cuDNN frontend is not installed, though fasttrain depends on it: pip install -e ."
+    )
+
+
 @pytest.fixture(autouse=True)
 def _reset_logging():
     """A run installs its own handlers on the 'fasttrain' logger; give the next test a clean one."""

@@ -60,6 +60,8 @@ def _check(o: Option, value: Any, where: str) -> Any:
             raise UserError(f"{where}: expected a finite number, got {value}")
     elif o.parts:
         value = _parts(o, value, where)
+    elif o.switch is not None and isinstance(value, bool):  # YAML's true / false
+        value = o.switch[0] if value else o.switch[1]
     elif not isinstance(value, str):
         raise UserError(f"{where}: expected a string, got {value!r}")
     else:
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar = o.metavar or (
                 None if o.choices else o.flag.lstrip("-").upper().replace("-", "_")
             )
+            switch = {"nargs": "?", "const": o.switch[0]} if o.switch else {}
             group.add_argument(
                 o.flag,
                 *o.aliases,
@@ -183,7 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_parser_for(o),
                 choices=o.choices,
                 help=help_text,
+                **switch,
             )
+            if o.switch:  # --no-FLAG: the switch's off value
+                group.add_argument(
+                    "--no-" + o.flag.removeprefix("--"),
+                    dest=o.key,
+                    action="store_const",
+                    const=o.switch[1],
+                    help=f"the same as {o.flag} {o.switch[1]}",
+                )
     return p
 
 

@@ -45,23 +45,28 @@ class ModelConfig:
         "one (fine-tuning); anything else that does not fit is an error. Nothing is downloaded",
         nullable=True,
     )
-    fused_bn: bool = option(
-        False,
+    fused_bn: str = option(
+        "auto",
         "--fused-bn",
         "fold BatchNorm into the convolutions: each convolution sums the next BN's statistics "
-        "as it writes its output, so BN reads each activation once (to normalise) instead of "
-        "twice. On a GPU it trains in fp16 (--amp fp16) and needs "
-        "the cuDNN frontend (pip install --no-deps nvidia-cudnn-frontend); on the CPU it runs "
-        "the same decomposition in plain PyTorch. The weights and checkpoints stay "
-        "torchvision's",
+        "as it writes its output (cuDNN's fused convolution, fp16), so BN reads each activation "
+        "once (to normalise) instead of twice. The weights and checkpoints stay torchvision's. "
+        "auto: on a CUDA GPU where cuDNN takes every convolution of the model, trains in fp16 "
+        "on the fused path; anywhere else the plain path, saying why at start. on (or the bare "
+        "flag): the fused path, or a one-line error where a GPU cannot run it; on the CPU it "
+        "runs the same decomposition in plain PyTorch, as a reference. off (--no-fused-bn): "
+        "the plain path",
+        choices=("auto", "on", "off"),
+        switch=("on", "off"),
+        metavar="{auto,on,off}",
     )
     cudnn_bn: bool = option(
         False,
         "--cudnn-bn",
         "run each BatchNorm, with the residual add and ReLU after it, as cuDNN's fused "
         "BatchNorm kernels (forward and backward) instead of the ones torch.compile generates. "
-        "bf16 or fp16, channels_last; on a GPU it needs the cuDNN frontend (pip install "
-        "--no-deps nvidia-cudnn-frontend); on the CPU it runs the same op in plain PyTorch. "
-        "The weights and checkpoints stay torchvision's. Under --compile it measured 1.3%% "
-        "slower than the kernels torch.compile generates (ResNet-50, bf16, one H200)",
+        "bf16 or fp16, channels_last, not with --fused-bn on; on the CPU it runs the same op "
+        "in plain PyTorch. The weights and checkpoints stay torchvision's. Under --compile it "
+        "measured slower than the kernels torch.compile generates (BENCHMARKS.md): it is there "
+        "to compare the two on other GPUs and cuDNN versions",
     )

@@ -24,6 +24,9 @@ class Option:
     # a string of this many ':'-separated integers (YAML may give them as a list); 0: any string
     parts: int = 0
     metavar: str | None = None  # --help's name for the value (default: the flag's, upper case)
+    # (value of the bare flag, value of --no-FLAG), for a choice that is also a switch: the flag
+    # alone and YAML's true mean the first, --no-FLAG and YAML's false the second
+    switch: tuple[str, str] | None = None
     # (a float must also be finite: NaN and infinity are refused for every option)
     key: str = ""  # "section.field": filled by options()
     type: type = str  # int, float, str or bool: from the field's annotation

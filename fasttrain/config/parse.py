@@ -32,16 +32,24 @@ class Parsed:
     inductor: Mapping[str, Any]  # --inductor-options (empty without --compile)
     resolution: Resolution  # the train crop of each epoch: --image-size, --progressive-resizing
     batch_sizes: Mapping[int, int] = field(default_factory=dict)  # --batch-sizes
+    # the BatchNorm path --fused-bn and --cudnn-bn settled on, in words, with the reason where
+    # --fused-bn auto chose the plain one: for the start-up line
+    bn_path: str = "plain"
 
     @classmethod
     def of(cls, cfg: Config) -> Parsed:
         """Parse a config resolved elsewhere (a benchmark's, a test's) in one go."""
-        t = cfg.train
+        t, m = cfg.train, cfg.model
         return cls(
             kernels=triton_kernels(t.triton_kernels),
             inductor=inductor_options(t.inductor_options) if t.compile else {},
             resolution=train_resolution(cfg.data),
             batch_sizes=parse_batch_sizes(t.batch_sizes),
+            bn_path="cuDNN's BatchNorm kernels (--cudnn-bn)"
+            if m.cudnn_bn
+            else f"folded into the convolutions (--fused-bn {m.fused_bn})"
+            if m.fused_bn == "on"
+            else "plain",
         )
 
 

@@ -52,13 +52,13 @@ class TrainConfig:
         "micro-batches accumulated per optimizer step (gradient accumulation)",
         minimum=1,
     )
-    amp: str | None = option(
-        None,
+    amp: str = option(
+        "auto",
         "--amp",
-        "mixed precision: bf16, fp16 (with a GradScaler) or off (default: bf16 on a GPU, off "
-        "on the CPU)",
-        choices=("bf16", "fp16", "off"),
-        nullable=True,
+        "mixed precision: bf16, fp16 (with a GradScaler), off, or auto: fp16 on the fused "
+        "BatchNorm path (--fused-bn), bf16 on the plain path on a GPU, off on the CPU. bf16 or "
+        "off with --fused-bn auto means the plain path",
+        choices=("auto", "bf16", "fp16", "off"),
     )
     compile: bool = option(
         False, "--compile", "torch.compile the model for training and evaluation"

@@ -36,7 +36,7 @@ from fasttrain.metrics.rates import progress_text, steady_rate
 
 log = logging.getLogger("fasttrain")
 # a train record's fields that TensorBoard shows, by tag; the GPU's figures are None on the CPU,
-# and a None is left out
+# the loss scale's without fp16, and a None is left out
 SCALARS = {
     "loss": "train/loss",
     "top1": "train/top1",
@@ -49,6 +49,8 @@ SCALARS = {
     "gpu_step_ms_sd": "perf/gpu_step_ms_sd",
     "gpu_idle_frac": "perf/gpu_idle_frac",
     "peak_mem_gib": "perf/peak_mem_gib",
+    "loss_scale": "train/loss_scale",
+    "skipped_steps": "train/skipped_steps",
 }
 
 
@@ -179,7 +181,8 @@ class Metrics:
         if only_if_landed and not self.clock.landed(self.pending["end"]):
             return []
         iv, self.pending = self.pending, None
-        loss, top1, nonfinite, stops = iv["reading"].values()  # the interval's work is done
+        totals = iv["reading"].values()  # the interval's work is done
+        loss, top1 = totals.loss, totals.top1
         elapsed = self.clock.seconds(iv["start"], iv["end"])
         rate = iv["images"] / elapsed if elapsed > 0 else 0.0
         self.intervals.append((iv["epoch"], iv["images"], elapsed))
@@ -193,7 +196,7 @@ class Metrics:
             "step": iv["step"],
             "epoch": iv["epoch"],
             "loss": loss,
-            "nonfinite_losses": nonfinite,
+            "nonfinite_losses": totals.nonfinite,
             "top1": top1,
             "lr": iv["lr"],
             "img_per_s": rate,
@@ -204,6 +207,8 @@ class Metrics:
             "gpu_step_ms_sd": gpu_sd,
             "gpu_idle_frac": idle,
             "peak_mem_gib": iv["peak_mem_gib"],
+            "skipped_steps": totals.skipped,  # fp16: updates skipped for an inf in the gradients
+            "loss_scale": totals.loss_scale,  # fp16: GradScaler's scale at the interval's end
         }
         scalars = {tag: record[key] for key, tag in SCALARS.items() if record[key] is not None}
         self._emit(record, scalars, iv["step"])
@@ -218,7 +223,7 @@ class Metrics:
             log.debug(line)
         else:
             log.info(line)
-        return [Logged(record, stops > 0)]
+        return [Logged(record, totals.stops > 0)]
 
     def discard_pending(self) -> int | None:
         """Drop the interval in flight unread (its steps trained on weights just replaced);

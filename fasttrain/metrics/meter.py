@@ -15,18 +15,31 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
 from fasttrain.dist.state import DistState
 
 
+class Totals(NamedTuple):
+    """An interval's figures over every rank."""
+
+    loss: float  # mean loss per image
+    top1: float  # %
+    nonfinite: int  # losses that were not finite
+    stops: int  # ranks that asked to stop
+    skipped: int | None  # fp16: updates GradScaler skipped (an inf or NaN in the gradients)
+    loss_scale: float | None  # fp16: GradScaler's scale after the interval's last update
+
+
 class Reading:
     """An interval's totals over ranks, on their way to the host: ``values()`` waits for them
     (at once when read an interval later, their copy long done)."""
 
-    def __init__(self, values: torch.Tensor, samples: int):
+    def __init__(self, values: torch.Tensor, samples: int, world: int = 1):
         self.samples = samples  # over all ranks, counted on the host
+        self.world = world  # the ranks summed: each added the same loss scale
         self.event = None
         if values.is_cuda:  # copied without waiting; the event says when it has landed
             self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -36,40 +49,54 @@ class Reading:
         else:
             self.host = values
 
-    def values(self) -> tuple[float, float, int, int]:
-        """(mean loss, top-1 %, non-finite losses, ranks that asked to stop)."""
+    def values(self) -> Totals:
         if self.event is not None:
             self.event.synchronize()
-        loss_sum, correct, nonfinite, stops = self.host.tolist()
+        loss_sum, correct, nonfinite, skipped, scale, stops = self.host.tolist()
         n = max(self.samples, 1)
-        return loss_sum / n, 100.0 * correct / n, int(nonfinite), int(stops)
+        return Totals(
+            loss_sum / n,
+            100.0 * correct / n,
+            int(nonfinite),
+            int(stops),
+            int(skipped) // self.world if scale > 0 else None,  # every rank skips alike
+            scale / self.world if scale > 0 else None,
+        )
 
 
 class DeviceMeter:
-    """Sum of per-batch loss x batch size and of correct predictions, kept on the device."""
+    """Sum of per-batch loss x batch size and of correct predictions, and under fp16 the loss
+    scale's course, kept on the device."""
 
     def __init__(self, device: torch.device, dist: DistState | None = None):
         self.dist = dist
-        self.sums = torch.zeros(3, device=device)  # loss x n, correct, non-finite losses
+        # loss x n, correct, non-finite losses, skipped updates, the last update's loss scale
+        self.sums = torch.zeros(5, device=device)
         self.samples = 0  # this rank's, known on the host: no need to count it on the device
 
     def add_device(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
         """Accumulate in place on the device (a CUDA graph can record this); the caller adds
         the ``n`` samples to ``samples`` on the host, once per step actually run."""
         bad = (~torch.isfinite(loss)).float()
-        self.sums += torch.stack((loss.float() * n, correct.float(), bad))
+        self.sums[:3] += torch.stack((loss.float() * n, correct.float(), bad))
+
+    def add_update(self, scale_before: torch.Tensor, scale_after: torch.Tensor) -> None:
+        """An fp16 update: GradScaler lowers its scale exactly when it skips one (an inf or NaN
+        in the gradients); the scale it ends with is kept. On the device, capturable."""
+        self.sums[3] += (scale_after < scale_before).float().squeeze()
+        self.sums[4].copy_(scale_after.squeeze())
 
     def collect(self, stop: bool = False) -> Reading:
         """The totals since the last collect, over all ranks, with how many ranks ``stop``:
         the one all-reduce of a log step, enqueued, not waited for. Starts a new interval."""
-        values = torch.empty(4, device=self.sums.device)
-        values[:3].copy_(self.sums)
-        values[3].fill_(float(stop))  # a kernel argument: no host-to-device copy
+        values = torch.empty(6, device=self.sums.device)
+        values[:5].copy_(self.sums)
+        values[5].fill_(float(stop))  # a kernel argument: no host-to-device copy
         world = 1
         if self.dist is not None:
             self.dist.all_reduce_(values, what="the all_reduce of the metrics at a log step")
             world = self.dist.world_size
-        reading = Reading(values, self.samples * world)
+        reading = Reading(values, self.samples * world, world)
         self.sums.zero_()
         self.samples = 0
         return reading
@@ -78,8 +105,8 @@ class DeviceMeter:
         """(mean loss, top-1 %, samples) since the last flush, over all ranks, read at once:
         a host sync (tests and benchmarks; the trainer reads an interval late)."""
         reading = self.collect()
-        loss, top1, _, _ = reading.values()
-        return loss, top1, reading.samples
+        totals = reading.values()
+        return totals.loss, totals.top1, reading.samples
 
 
 class Clock:

@@ -68,9 +68,16 @@ def build_configured_model(
         device,
         zero_init_residual=cfg.zero_init_residual,
         triton_maxpool="maxpool" in kernels,
-        fused_bn=cfg.fused_bn,
+        fused_bn=_switch(cfg.fused_bn, "--fused-bn"),
         cudnn_bn=cfg.cudnn_bn,
     )
+
+
+def _switch(value: str, flag: str) -> bool:
+    """A resolved on/off option as a bool (``resolve`` settles ``auto`` first)."""
+    if value not in ("on", "off"):
+        raise ValueError(f"{flag} {value}: not resolved to on or off")
+    return value == "on"
 
 
 def param_groups(model: nn.Module, weight_decay: float, bn_weight_decay: bool) -> list[dict]:

@@ -16,7 +16,8 @@ from fasttrain.config.parse import Parsed, inductor_options, triton_kernels
 from fasttrain.config.paths import found_exclude_list
 from fasttrain.config.resolution import resolve_sizes
 from fasttrain.errors import UserError
-from fasttrain.run.resolve_bn import resolve_bn_paths
+from fasttrain.model.fused_support import check
+from fasttrain.run.resolve_bn import SupportCheck, resolve_bn_paths
 
 if TYPE_CHECKING:
     from fasttrain.dist.state import DistState
@@ -37,12 +38,14 @@ def resolve(
     cpus: int | None = None,
     dali: bool | None = None,
     notes: list[str] | None = None,
+    fused_support: SupportCheck = check,
 ) -> Config:
     """Fill the auto values for this launch, in place, and refuse combinations that cannot
     work; the strings that hold several values are parsed as they are checked, once, into
     ``cfg.parsed``. ``gpus``, ``cpus`` and ``dali`` (visible GPUs, usable CPU cores, whether DALI
-    imports) are looked up when not given. What the user should hear once goes into ``notes``.
-    The run folder is ``runs.place_run``'s to choose, after this."""
+    imports) are looked up when not given, and ``fused_support`` answers what cuDNN runs of the
+    fused model here. What the user should hear once goes into ``notes``. The run folder is
+    ``runs.place_run``'s to choose, after this."""
     notes = [] if notes is None else notes
     t, d = cfg.train, cfg.data
     t.device = dist.device.type
@@ -52,9 +55,6 @@ def resolve(
         gpus = torch.cuda.device_count() if t.device == "cuda" else 0
     if cfg.model.weights is not None and not Path(cfg.model.weights).expanduser().is_file():
         raise UserError(f"--weights {cfg.model.weights}: no such file")
-    resolve_bn_paths(cfg, notes)
-    if t.amp is None:
-        t.amp = "bf16" if t.device == "cuda" else "off"
     if t.amp == "fp16" and t.device == "cpu":
         raise UserError("--amp fp16 needs a CUDA GPU; use --amp bf16 or off on the CPU")
     if cfg.run.test_only:
@@ -94,6 +94,8 @@ def resolve(
         if d.exclude_list is None and found is not None:
             d.exclude_list = str(found)
     resolution, batch_sizes = resolve_sizes(cfg, notes)
+    seen = {*resolution.sizes(t.epochs), d.val_crop_size or d.image_size}  # train and val
+    bn_path = resolve_bn_paths(cfg, notes, sorted(seen), fused_support)
     if d.auto_augment != "none" and d.loader == "synthetic":
         raise UserError(
             f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
@@ -102,7 +104,7 @@ def resolve(
     _unused_notes(cfg, notes)
     _resolve_parallel(cfg, dist.world_size, gpus, notes)
     kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
-    cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes)
+    cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes, bn_path)
     return cfg
 
 

@@ -104,10 +104,11 @@ def log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
         built.data.description,
     )
     log.info(
-        "device %s, amp %s, step %s%s, strategy %s | global batch %d (%d per %s x %d %s x %d "
-        "accum) | peak LR %.4g (%s) | %d steps per epoch, %d steps from step %d",
+        "device %s, amp %s, BatchNorm %s, step %s%s, strategy %s | global batch %d (%d per %s x "
+        "%d %s x %d accum) | peak LR %.4g (%s) | %d steps per epoch, %d steps from step %d",
         dist.device,
         t.amp,
+        cfg.typed.bn_path,
         training.step.description,
         f" (Triton kernels: {t.triton_kernels})" if t.triton_kernels != "none" else "",
         ddp_description(t, dist) if t.strategy == "ddp" else t.strategy,

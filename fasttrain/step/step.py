@@ -119,12 +119,16 @@ class EagerStep:
         else:
             loss.backward()
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, meter: DeviceMeter) -> None:
         if self.clip_grad_norm is not None:
             self._clip_gradients(self.clip_grad_norm)
         if self.scaler is not None:
+            # GradScaler keeps its scale on the device (``_scale``: no public accessor reads it
+            # without a host sync); the meter counts the updates it skips from its course
+            before = self.scaler._scale.clone()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            meter.add_update(before, self.scaler._scale)
         else:
             self.optimizer.step()
 
@@ -154,7 +158,7 @@ class EagerStep:
         set_lr(self.optimizer, self.schedule.lr_at(step))  # a host float: no device access
         self._micro_steps(batches, meter)
         with span("fasttrain.optimizer"):
-            self._optimizer_step()
+            self._optimizer_step(meter)
             if self.ema is not None:
                 self.ema.update(step)
         meter.samples += images_in(batches)
@@ -235,7 +239,7 @@ class GraphedStep:
         if self.base.grads_in_place:
             self.base.optimizer.zero_grad()  # flat gradients never go None: zero them in the graph
         self.base._micro_steps(batches, meter)
-        self.base._optimizer_step()
+        self.base._optimizer_step(meter)
         if self.base.ema is not None:  # the average follows in the graph, from the device step
             self.base.ema.update(self.step_t)
         self.step_t += 1

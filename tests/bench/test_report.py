@@ -12,12 +12,12 @@ import pytest
 from tests.conftest import FAST
 
 SPEC = importlib.util.spec_from_file_location(
-    "bench_report", Path(__file__).parent.parent / "bench" / "report.py"
+    "bench_report", Path(__file__).parents[2] / "bench" / "report.py"
 )
 report = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(report)
 E2E = importlib.util.spec_from_file_location(
-    "bench_e2e", Path(__file__).parent.parent / "bench" / "e2e.py"
+    "bench_e2e", Path(__file__).parents[2] / "bench" / "e2e.py"
 )
 e2e = importlib.util.module_from_spec(E2E)
 E2E.loader.exec_module(e2e)
@@ -80,7 +80,7 @@ def test_e2e_runs_the_cli_side_by_side_and_writes_its_table(tiny_data, tmp_path)
         [sys.executable, "bench/e2e.py", "--data", str(tiny_data), "--loaders",
          "synthetic,torchvision", "--repeat", "1", "--variant", "fused=--fused-bn", "--out",
          str(out), "--", *flags],
-        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600,
+        cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     runs = [json.loads(line) for line in (out / "summaries.jsonl").read_text().splitlines()]
@@ -112,7 +112,7 @@ def test_e2e_table_compares_with_synthetic_and_one_gpu():
 
 
 SPLIT = importlib.util.spec_from_file_location(
-    "bench_kernel_split", Path(__file__).parent.parent / "bench" / "kernel_split.py"
+    "bench_kernel_split", Path(__file__).parents[2] / "bench" / "kernel_split.py"
 )
 kernel_split = importlib.util.module_from_spec(SPLIT)
 SPLIT.loader.exec_module(kernel_split)
@@ -208,3 +208,13 @@ def test_e2e_makes_the_paths_it_hands_the_trainer_absolute(tmp_path, monkeypatch
                               "auto"])  # fmt: skip
     assert got == ["--config", str(tmp_path / "r.yaml"), "--epochs", "8",
                    f"--data={tmp_path / 'r.yaml'}", "--resume", "auto"]  # fmt: skip
+
+
+def test_variants_only_leaves_the_plain_flags_out():
+    given = ["plain=--no-fused-bn", "fused=--fused-bn on"]
+    assert e2e.parse_variants(given, only=False) == [
+        ("", []),
+        ("plain", ["--no-fused-bn"]),
+        ("fused", ["--fused-bn", "on"]),
+    ]
+    assert e2e.parse_variants(given, only=True)[0] == ("plain", ["--no-fused-bn"])

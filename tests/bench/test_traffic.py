@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 SPEC = importlib.util.spec_from_file_location(
-    "bench_traffic", Path(__file__).parent.parent / "bench" / "traffic.py"
+    "bench_traffic", Path(__file__).parents[2] / "bench" / "traffic.py"
 )
 traffic = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = traffic  # its dataclass looks its module up

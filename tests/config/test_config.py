@@ -24,10 +24,25 @@ def launch(cuda: bool = True, world: int = 1, nodes: int = 1) -> DistState:
     return DistState(0, 0, world, device, local_world_size=world // nodes)
 
 
-def resolved(argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None) -> Config:
+def cudnn_takes(declined=(), unavailable=None):
+    """A stand-in for ``fused_support.check``: cuDNN takes every convolution but ``declined``
+    (or, with ``unavailable``, is not there to ask)."""
+    from fasttrain.model.fused_support import ConvShape, FusedSupport
+
+    shapes = (ConvShape((256, 64, 56, 56), (64, 64, 3, 3), 1, 1), *declined)
+    return lambda *args: FusedSupport(shapes, tuple(declined), unavailable, 91900)
+
+
+def resolved(
+    argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None, fused=None
+) -> Config:
+    """``argv`` resolved as a launch on a GPU (an H200 whose cuDNN takes every fused
+    convolution, unless ``fused`` says otherwise) or on the CPU."""
     cfg = parse_args(argv, cuda_available=cuda)[0]
     gpus = (max(world, 1) if cuda else 0) if gpus is None else gpus
-    resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes)
+    fused = fused or cudnn_takes()
+    resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes,
+            fused_support=fused)  # fmt: skip
     place_run(cfg, [] if notes is None else notes)
     return cfg
 
@@ -198,7 +213,8 @@ def test_resolve_fills_auto_values_for_the_device():
     assert cfg.train.device == "cpu" and cfg.train.amp == "off" and cfg.data.workers == 2
     assert cfg.run.output_dir.startswith("runs/")
     cfg = resolved(["--data", "/d", "--name", "x"], cuda=True, cpus=64)
-    assert cfg.train.device == "cuda" and cfg.train.amp == "bf16" and cfg.data.workers == 16
+    assert cfg.train.device == "cuda" and cfg.train.amp == "fp16" and cfg.data.workers == 16
+    assert cfg.model.fused_bn == "on"  # the fused path, where cuDNN takes every layer
     assert cfg.run.output_dir == "runs/x"
     with pytest.raises(UserError, match="--amp fp16 needs a CUDA GPU"):
         resolved(["--data", "/d", "--amp", "fp16"], cuda=False)
@@ -446,39 +462,6 @@ def test_ddp_only_settings_without_ddp_are_named_in_a_note():
     assert e.value.code == 2
 
 
-def _check_bn_path(monkeypatch, flag, amp, refusals, missing_frontend):
-    """A cuDNN BN path on a GPU: its default ``amp``, fp16 taken, each of ``refusals`` (extra
-    flags: message) refused, the frontend's absence named; on the CPU the reference runs, with
-    a note."""
-    from fasttrain.model.cudnn import graph as cudnn_graph
-
-    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
-    cfg = resolved(["--data", "/d", flag])
-    assert cfg.model.fused_bn == (flag == "--fused-bn") and cfg.train.amp == amp
-    assert cfg.model.cudnn_bn == (flag == "--cudnn-bn")
-    assert resolved(["--data", "/d", flag, "--amp", "fp16"]).train.amp == "fp16"
-    for extra, message in refusals.items():
-        with pytest.raises(UserError, match=message):
-            resolved(["--data", "/d", flag, *extra], world=2 if "--sync-bn" in extra else 1)
-    monkeypatch.setattr(cudnn_graph, "available", lambda: False)
-    with pytest.raises(UserError, match=missing_frontend):
-        resolved(["--data", "/d", flag])
-    notes = []
-    cfg = resolved(["--data", "/d", flag], cuda=False, notes=notes)
-    assert cfg.train.amp == "off" and "plain PyTorch (a reference" in notes[0]
-
-
-def test_fused_bn_trains_in_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
-    refusals = {
-        ("--amp", "bf16"): "--fused-bn trains in fp16 .* not --amp bf16",
-        ("--sync-bn",): "cannot synchronise them: leave out --sync-bn or --fused-bn",
-        ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
-    }
-    _check_bn_path(
-        monkeypatch, "--fused-bn", "fp16", refusals, "pip install --no-deps nvidia-cudnn-frontend"
-    )
-
-
 def test_dali_and_torch_cuda_versions_are_checked_against_each_other():
     from fasttrain.data.dali_install import dali_cuda_mismatch
 
@@ -527,27 +510,6 @@ def test_lr_scaling_reads_lr_per_256_images_or_as_the_rate_itself(scaling, peak)
     cfg = parse_args(["--data", "/d", "--lr", "0.1", "--lr-scaling", scaling], True)[0]
     schedule = build_schedule(cfg.optim, global_batch=1024, steps_per_epoch=10, epochs=2)
     assert schedule.peak_lr == pytest.approx(peak)
-
-
-def test_cudnn_bn_runs_in_bf16_or_fp16_on_a_gpu_and_refuses_what_it_cannot_run(monkeypatch):
-    refusals = {
-        ("--amp", "off"): "bf16 or fp16: use --amp bf16 or fp16 .* not --amp off",
-        ("--fused-bn",): "two ways to run BatchNorm: choose one of them",
-        ("--sync-bn",): "cannot synchronise them: leave out --sync-bn or --cudnn-bn",
-        ("--deterministic",): "no fixed order .* leave out --deterministic or --cudnn-bn",
-        ("--no-channels-last",): "take NHWC tensors: leave out --no-channels-last",
-    }
-    _check_bn_path(
-        monkeypatch, "--cudnn-bn", "bf16", refusals, "--cudnn-bn needs the cuDNN frontend"
-    )
-
-
-def test_fused_bn_refuses_deterministic_on_a_gpu(monkeypatch):
-    from fasttrain.model.cudnn import graph as cudnn_graph
-
-    monkeypatch.setattr(cudnn_graph, "available", lambda: True)
-    with pytest.raises(UserError, match=r"atomic adds .* leave out --deterministic or --fused-bn"):
-        resolved(["--data", "/d", "--fused-bn", "--deterministic"])
 
 
 def test_a_schedules_own_settings_with_another_schedule_are_named():

@@ -166,6 +166,7 @@ def _stop_worker(rank: int, port: int, out: str) -> None:
     meter = DeviceMeter(torch.device("cpu"), dist)
     meter.add_device(torch.tensor(float(rank + 1)), torch.tensor(float(rank)), 4)
     meter.samples += 4
+    meter.add_update(torch.tensor([65536.0]), torch.tensor([32768.0]))  # fp16: one skipped
     reading = meter.collect(stop=rank == 1)  # only rank 1 was asked to stop
     Path(out).with_suffix(f".{rank}").write_text(json.dumps([*reading.values(), reading.samples]))
     dist.close()  # left to interpreter exit, gloo's threads can abort the process
@@ -177,8 +178,9 @@ def test_a_stop_request_on_one_rank_reaches_every_rank_with_the_metrics(tmp_path
     out = tmp_path / "reading"
     mp.spawn(_stop_worker, args=(free_port(), str(out)), nprocs=2, join=True)
     got = [json.loads(out.with_suffix(f".{rank}").read_text()) for rank in (0, 1)]
-    # loss sums 4 x 1 + 4 x 2 over 8 samples; 1 correct of 8; no non-finite loss; one stop
-    assert got[0] == got[1] == [1.5, 12.5, 0, 1, 8]
+    # loss sums 4 x 1 + 4 x 2 over 8 samples; 1 correct of 8; no non-finite loss; one stop;
+    # the update both ranks skipped counted once, and their common loss scale
+    assert got[0] == got[1] == [1.5, 12.5, 0, 1, 1, 32768.0, 8]
 
 
 def launch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -107,11 +107,10 @@ GPU_SHAPES = [(64, 112), (64, 56), (256, 56), (128, 28), (512, 28), (1024, 14), 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("c, size", GPU_SHAPES)
-def test_cudnn_bn_matches_the_reference(c, size, dtype):
+def test_cudnn_bn_matches_the_reference(c, size, dtype, cudnn_frontend):
     """cuDNN's BN + add + ReLU forward (output, mask, statistics) and dReLU + dAdd + dBN
     backward against the references, for each pattern the model uses; cuDNN must run them all
     (an H200 with cuDNN 9.19 does: BENCHMARKS.md); the op replays from a CUDA graph."""
-    pytest.importorskip("cudnn")
     from fasttrain.model.cudnn import bn as cudnn_bn
     from fasttrain.model.ops import bn_act as ops
 

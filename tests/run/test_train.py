@@ -331,6 +331,12 @@ def test_bn_paths_train_like_the_plain_model_and_save_torchvisions_state_dict(
     assert losses["path"][0] == pytest.approx(losses["plain"][0], rel=1e-5)
     assert losses["path"] == pytest.approx(losses["plain"], rel=1e-3)
     assert note in err
+    # the start-up line names the BatchNorm path, and why --fused-bn auto took it
+    line = "BatchNorm plain (--fused-bn auto: the fused path needs a CUDA GPU), step eager"
+    assert line in (tmp_path / "plain" / "log-rank0.txt").read_text()
+    named = {"--fused-bn": "folded into the convolutions (--fused-bn on)",
+             "--cudnn-bn": "cuDNN's BatchNorm kernels (--cudnn-bn)"}[flag]  # fmt: skip
+    assert f"BatchNorm {named}, step eager" in (tmp_path / "path" / "log-rank0.txt").read_text()
     plain = build_model("resnet18", 4, True, torch.device("cpu"))
     plain.load_state_dict(params(tmp_path / "path")["model"], strict=True)
 

@@ -236,6 +236,24 @@ def test_fp16_grad_scaler_is_captured(triton):
     assert step.base.scaler.get_scale() == ref_step.scaler.get_scale()
 
 
+def test_an_overflow_inside_the_graph_skips_the_update_and_the_meter_counts_it():
+    """fp16 in the graph: a batch whose gradients are not finite makes GradScaler skip the
+    update and halve its scale; the meter counts the skip and holds the scale GradScaler ends
+    with, both read back without a sync in the step."""
+    data = batches(5, dtype=torch.float16)
+    model, step = make("eager+graph", amp=torch.float16)
+    meter = DeviceMeter(DEV)
+    for i in range(4):  # warm-up, then the capture
+        step([data[i]], meter, i)
+    assert step.graph is not None
+    scale = meter.collect().values().loss_scale  # what the first steps left it at
+    weights = flat(model)
+    step([(data[4][0] * float("inf"), data[4][1])], meter, 4)
+    totals = meter.collect().values()
+    assert totals.skipped == 1 and totals.loss_scale == scale / 2 == step.base.scaler.get_scale()
+    assert torch.equal(flat(model), weights)  # the skipped update changed no weight
+
+
 @pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gradient_clipping_is_captured_with_the_step(amp):
     """--clip-grad-norm: the norm and the scaling stay on the device (fp16: after GradScaler's
@@ -355,7 +373,7 @@ FUSED_VARIANTS = {
         "compiled+graph+cudnn-bn",
     ],
 )
-def test_steady_state_steps_do_not_sync(kind, monkeypatch):
+def test_steady_state_steps_do_not_sync(kind, monkeypatch, request):
     """Between two log steps, the loop's per-step work never waits on the device: the plain
     steps, with the Triton kernels, with every recipe piece on (fp16's loss scaling, gradient
     clipping, EMA, mixup/CutMix, random erasing), on the fused conv + BN path (fp16; also with
@@ -366,7 +384,7 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     if extra:
         base += "+graph"
     if extra.startswith("fused-bn") or extra == "cudnn-bn":
-        pytest.importorskip("cudnn", reason="needs the cuDNN frontend")
+        request.getfixturevalue("cudnn_frontend")
     if extra in FUSED_VARIANTS:  # FusedResNet's options, in what build_model constructs
         import fasttrain.model.fused_resnet as fused_resnet
 
@@ -389,6 +407,9 @@ def test_steady_state_steps_do_not_sync(kind, monkeypatch):
     meter = DeviceMeter(DEV)
     for i in range(5):  # warm-up (and capture): compile, cuDNN autotuning, allocator growth
         step([data[i % 4]], meter, i)
+    if "graph" in base:  # the steps below replay a graph, not the fallback after a failed capture
+        assert isinstance(step, GraphedStep) and step.graph is not None, "not captured"
+        assert not step.capture_failed
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

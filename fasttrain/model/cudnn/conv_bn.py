@@ -42,8 +42,9 @@ _VECTOR_VARIANTS = ((torch.float32, "nhwc"), (torch.float32, "nchw"),
 
 
 def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _Plan | None:
-    """The first variant cuDNN supports (``_VECTOR_VARIANTS``; one without a prologue)."""
-    for dtype, layout in _VECTOR_VARIANTS if prologue else ((torch.float32, "nhwc"),):
+    """The first variant cuDNN supports (``_VECTOR_VARIANTS``; one without a prologue), with
+    its fastest plan; None (and a warning naming the shape, once) where cuDNN takes none."""
+    for dtype, layout in _variants(prologue):
         try:
             return _build_variant(x, w, prologue, stride, padding, dtype, layout)
         except Exception as e:  # cudnn raises its own types; any of them means "not this one"
@@ -51,12 +52,72 @@ def _build(x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int) -> _
                 "cuDNN declined conv_bn for x %s, w %s, vectors %s %s: %s",
                 tuple(x.shape), tuple(w.shape), dtype, layout, str(e)[:200],
             )  # fmt: skip
+    log.warning(
+        "cuDNN takes no fused convolution + statistics for x %s, w %s, stride %d: that layer "
+        "runs the plain-PyTorch reference (slower)",
+        "x".join(map(str, x.shape)),
+        "x".join(map(str, w.shape)),
+        stride,
+    )
     return None
+
+
+def _variants(prologue: bool) -> tuple[tuple[torch.dtype, str], ...]:
+    return _VECTOR_VARIANTS if prologue else ((torch.float32, "nhwc"),)
+
+
+def supported(
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    stride: int,
+    padding: int,
+    prologue: bool,
+    device: torch.device,
+) -> bool:
+    """Whether cuDNN has an engine for ``conv_bn`` at these shapes (fp16, channels_last) on
+    ``device``: its graph validates and its heuristics' plans pass ``check_support``. Nothing
+    is built or timed, so it is cheap enough to ask for every layer at start-up."""
+    for dtype, layout in _variants(prologue):
+        try:
+            _graph(x_shape, _nhwc_strides(x_shape), w_shape, _nhwc_strides(w_shape), device,
+                   prologue, stride, padding, dtype, layout)  # fmt: skip
+            return True
+        except Exception:  # cudnn raises its own types; any of them means "not this one"
+            continue
+    return False
+
+
+def _nhwc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a channels_last tensor of NCHW ``shape``."""
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
 
 
 def _build_variant(
     x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int, dtype, layout: str
 ) -> _Plan:
+    g, tensors = _graph(tuple(x.shape), x.stride(), tuple(w.shape), w.stride(), x.device,
+                        prologue, stride, padding, dtype, layout)  # fmt: skip
+    plan = _Plan(g, tensors, 0, dtype)
+    _select_fastest(plan, x, w, prologue, stride, padding)
+    plan.workspace = g.get_workspace_size()
+    return plan
+
+
+def _graph(
+    x_shape: tuple[int, ...],
+    x_stride: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    w_stride: tuple[int, ...],
+    device: torch.device,
+    prologue: bool,
+    stride: int,
+    padding: int,
+    dtype: torch.dtype,
+    layout: str,
+) -> tuple[Any, dict[str, Any]]:
+    """The conv + statistics graph (with the prologue where asked), validated, with the
+    heuristics' plans checked; raises where cuDNN has no engine for it."""
     import cudnn
 
     f32, half = cudnn.data_type.FLOAT, cudnn.data_type.HALF
@@ -64,17 +125,17 @@ def _build_variant(
         io_data_type=half,
         intermediate_data_type=f32,
         compute_data_type=f32,
-        handle=handle(x.device),
+        handle=handle(device),
     )
-    c = x.shape[1]
+    c = x_shape[1]
     vec = {
         "dim": [1, c, 1, 1],
         "stride": [c, 1, c, c] if layout == "nhwc" else [c, 1, 1, 1],
         "data_type": f32 if dtype == torch.float32 else half,
     }
     tensors = {
-        "x": g.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=half),
-        "w": g.tensor(name="w", dim=list(w.shape), stride=list(w.stride()), data_type=half),
+        "x": g.tensor(name="x", dim=list(x_shape), stride=list(x_stride), data_type=half),
+        "w": g.tensor(name="w", dim=list(w_shape), stride=list(w_stride), data_type=half),
     }
     image = tensors["x"]
     if prologue:
@@ -99,10 +160,7 @@ def _build_variant(
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
     g.check_support()
-    plan = _Plan(g, tensors, 0, dtype)
-    _select_fastest(plan, x, w, prologue, stride, padding)
-    plan.workspace = g.get_workspace_size()
-    return plan
+    return g, tensors
 
 
 def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, padding) -> None:

@@ -2,8 +2,9 @@
 device, the fastest of the plans cuDNN ranks, and a launch on torch's current stream.
 
 ``cudnn_conv_bn`` (convolution with BatchNorm folded in) and ``cudnn_bn`` (cuDNN's standalone
-BatchNorm + add + ReLU kernels) build their graphs on these. The frontend is
-``pip install --no-deps nvidia-cudnn-frontend``; nothing here imports it until a graph is built.
+BatchNorm + add + ReLU kernels) build their graphs on these. The frontend
+(``nvidia-cudnn-frontend``) is one of fasttrain's dependencies on Linux; nothing here imports it
+until a graph is built.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ _handles: dict[int, Any] = {}
 def available() -> bool:
     """Whether the cuDNN frontend is installed."""
     return importlib.util.find_spec("cudnn") is not None
+
+
+def version() -> int | None:
+    """cuDNN's version as the frontend reports it (91900 for 9.19), or None without it."""
+    if not available():
+        return None
+    import cudnn
+
+    return int(cudnn.backend_version())
 
 
 def handle(device: torch.device) -> Any:
