@@ -62,7 +62,7 @@ def _why_not_fused(cfg: Config, sizes: Iterable[int], support: SupportCheck) -> 
     one runs."""
     t = cfg.train
     if t.device != "cuda":
-        return "the fused path needs a CUDA GPU"
+        return "on the CPU"
     if t.amp in ("bf16", "off"):
         return f"--amp {t.amp} (cuDNN fuses BatchNorm into convolutions in fp16 only)"
     if not cfg.model.channels_last:

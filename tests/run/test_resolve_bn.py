@@ -64,7 +64,7 @@ def test_auto_on_the_cpu_is_the_plain_path_without_amp():
     notes = []
     cfg = resolved(["--data", "/d"], cuda=False, notes=notes)
     assert path(cfg) == ("off", "off")
-    assert cfg.typed.bn_path == "plain (--fused-bn auto: the fused path needs a CUDA GPU)"
+    assert cfg.typed.bn_path == "plain (--fused-bn auto: on the CPU)"
     assert notes == []
 
 

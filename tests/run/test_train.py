@@ -332,7 +332,7 @@ def test_bn_paths_train_like_the_plain_model_and_save_torchvisions_state_dict(
     assert losses["path"] == pytest.approx(losses["plain"], rel=1e-3)
     assert note in err
     # the start-up line names the BatchNorm path, and why --fused-bn auto took it
-    line = "BatchNorm plain (--fused-bn auto: the fused path needs a CUDA GPU), step eager"
+    line = "BatchNorm plain (--fused-bn auto: on the CPU), step eager"
     assert line in (tmp_path / "plain" / "log-rank0.txt").read_text()
     named = {"--fused-bn": "folded into the convolutions (--fused-bn on)",
              "--cudnn-bn": "cuDNN's BatchNorm kernels (--cudnn-bn)"}[flag]  # fmt: skip
