@@ -20,9 +20,9 @@ class DataConfig:
         "auto",
         "--loader",
         "input pipeline: dali (NVIDIA DALI: decode and augment on the GPU, or on the CPU "
-        "without one; needs the dali extra), torchvision (ImageFolder, CPU decode, uint8 to the "
-        "GPU), synthetic (fixed random tensors on the device, for benchmarks), or auto: dali "
-        "where DALI and a GPU are present, else torchvision",
+        "without one; installed with fasttrain on Linux), torchvision (ImageFolder, CPU "
+        "decode, uint8 to the GPU), synthetic (fixed random tensors on the device, for "
+        "benchmarks), or auto: dali where DALI and a GPU are present, else torchvision",
         choices=("auto", "dali", "torchvision", "synthetic"),
     )
     exclude_list: str | None = option(
