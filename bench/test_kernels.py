@@ -15,8 +15,8 @@
   with the BN folded in by tile.
 Timing is pedantic: each round is ``ITER`` calls between two device syncs, after warm-up rounds.
 The normalize group replays its ``ITER`` calls from a CUDA graph: a call takes about 50 us on
-the GPU, less than the host takes to launch it from Python on a busy machine, and the target
-is the kernel's bandwidth, not the launch rate (the trainer calls it once per step).
+the GPU, less than the host takes to launch it from Python on a busy machine, and what is
+measured is the kernel's bandwidth, not the launch rate (the trainer calls it once per step).
 """
 
 from __future__ import annotations

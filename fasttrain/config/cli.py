@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
+from fasttrain.config.option import Option
 from fasttrain.config.paths import config_dir
-from fasttrain.config.schema import OPTION_BY_KEY, OPTIONS, SECTIONS, Config, Option
+from fasttrain.config.schema import OPTION_BY_KEY, OPTIONS, SECTIONS, Config
 from fasttrain.errors import UserError
 
 NULL_WORDS = ("auto", "none", "null")  # a nullable number's flag takes these for None

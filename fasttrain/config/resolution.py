@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fasttrain.config.schema import Config, DataConfig
+from fasttrain.config.data import DataConfig
+from fasttrain.config.schema import Config
 from fasttrain.errors import UserError
 
 ROUND_TO = 32  # interpolated sizes are multiples of this (FFCV's)

@@ -18,31 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fasttrain.config.data import DataConfig
-from fasttrain.config.model import ARCHS, ModelConfig
+from fasttrain.config.model import ModelConfig
 from fasttrain.config.optim import OptimConfig
-from fasttrain.config.option import Option, option
+from fasttrain.config.option import Option
 from fasttrain.config.run import RunConfig
-from fasttrain.config.train import COMPILE_MODES, KERNELS, TrainConfig
+from fasttrain.config.train import TrainConfig
 
 if TYPE_CHECKING:
     from fasttrain.config.parse import Parsed
-
-__all__ = [
-    "ARCHS",
-    "COMPILE_MODES",
-    "KERNELS",
-    "OPTIONS",
-    "OPTION_BY_KEY",
-    "SECTIONS",
-    "Config",
-    "DataConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "Option",
-    "RunConfig",
-    "TrainConfig",
-    "option",
-]
 
 
 @dataclass
