@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from fasttrain.commands import say
 from fasttrain.config.cli import Parser
-from fasttrain.run.weights import export_state_dict, read_state_dict
+from fasttrain.run.weights import export_state_dict, holds_average, load_file, state_dict_in
 
 
 def main(argv: Sequence[str]) -> int:
@@ -27,7 +27,14 @@ def main(argv: Sequence[str]) -> int:
         help="write the checkpoint's moving average of the weights (a --model-ema run's)",
     )
     args = p.parse_args(argv)
-    state = read_state_dict(args.checkpoint, flag="export", key="model_ema" if args.ema else None)
+    loaded = load_file(args.checkpoint, flag="export")
+    state = state_dict_in(loaded, args.checkpoint, "export", "model_ema" if args.ema else None)
     out = export_state_dict(state, args.out)
-    say(f"wrote {len(state)} tensors of {args.checkpoint} to {out}")
+    which = "the moving average of its weights" if args.ema else "its model's weights"
+    also = (
+        "; it also holds their moving average, which --ema writes"
+        if not args.ema and holds_average(loaded)
+        else ""
+    )
+    say(f"wrote {which}, {len(state)} tensors of {args.checkpoint}, to {out}{also}")
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from fasttrain.commands import say, unexpected_failure
+from fasttrain.config import Config
 from fasttrain.config.cli import parse_args
 from fasttrain.config.paths import cache_dir
 from fasttrain.dist.state import DistState
@@ -52,7 +53,7 @@ def main(argv: Sequence[str], t_start: float) -> int:
     return 0
 
 
-def _sample_set(cfg, dist: DistState) -> float:
+def _sample_set(cfg: Config, dist: DistState) -> float:
     """Build the built-in sample set (once, on the main process) and train on it; returns the
     time start-up is counted from: a one-off build is not part of it."""
     from fasttrain.data.sample import build_sample

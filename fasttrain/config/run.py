@@ -26,6 +26,13 @@ class RunConfig:
         "train.py; also python -m fasttrain evaluate WEIGHTS): top-1/top-5 are printed and "
         "written to <output-dir>/eval.json",
     )
+    break_lock: bool = option(
+        False,
+        "--break-lock",
+        "take the run folder's lock even from a run on another host, which this host cannot "
+        "check (a run owns its folder: a second run there stops, and a lock left by a process "
+        "on this host that is gone is taken over by itself); only when that run is gone",
+    )
     resume: str | None = option(
         None,
         "--resume",

@@ -20,6 +20,7 @@ import torch
 
 from fasttrain.config import RunConfig
 from fasttrain.errors import CheckpointWriteError, UserError, first_line
+from fasttrain.run.weights import NEEDS_CODE, needs_code
 from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
@@ -131,6 +132,8 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, bad pickle, not a torch file...
+        if needs_code(e):
+            raise ValueError(f"not a fasttrain checkpoint: {NEEDS_CODE}") from None
         raise ValueError(
             f"the checkpoint is corrupt or not a fasttrain checkpoint ({type(e).__name__})"
         ) from None

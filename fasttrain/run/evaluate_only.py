@@ -5,8 +5,10 @@ The same flags as training choose the model (``--arch``, ``--fused-bn``), the lo
 torchvision), the device, the precision, ``--compile`` and ``--cuda-graphs`` (the eval forward
 compiled and captured as in training), and the processes (``--nproc-per-node``, torchrun): each
 rank evaluates its shard and the counts are summed, so every image counts once. The class count
-comes from the file's classifier unless ``--num-classes`` says otherwise. The result is logged
-and written to ``<output-dir>/eval.json``.
+comes from the file's classifier unless ``--num-classes`` says otherwise. With ``--model-ema``
+the checkpoint's moving average of the weights is evaluated (what a --model-ema run reports as
+``ema_top1``), else its model's weights; the log says which. The result is logged and written to
+``<output-dir>/eval.json``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.model.build import build_configured_model
 from fasttrain.run.build import amp_dtype, build_evaluator
-from fasttrain.run.runtime import (
-    configure_backends,
-    discard_run_dir,
-    prepare_run_dir,
-    seed_everything,
+from fasttrain.run.folder import open_run_folder
+from fasttrain.run.runtime import configure_backends, seed_everything
+from fasttrain.run.weights import (
+    classifier_classes,
+    holds_average,
+    load_file,
+    load_weights,
+    state_dict_in,
 )
-from fasttrain.run.weights import classifier_classes, load_weights, read_state_dict
 
 log = logging.getLogger("fasttrain")
 
@@ -37,12 +41,23 @@ log = logging.getLogger("fasttrain")
 def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
     """Evaluate ``cfg.model.weights`` on ``cfg.data``'s val images; returns the result."""
     t = cfg.train
-    run_dir, created = prepare_run_dir(cfg, dist)
+    folder = open_run_folder(cfg, dist)
+    run_dir = folder.path
     try:  # a bad input leaves no run folder behind
         configure_backends(dist.device, t.strategy, t.deterministic)
         seed_everything(t.seed)
         source = f"--weights {cfg.model.weights}"
-        state = read_state_dict(cfg.model.weights)
+        loaded = load_file(cfg.model.weights)
+        which = "model_ema" if t.model_ema else None
+        state = state_dict_in(loaded, cfg.model.weights, key=which)
+        if t.model_ema:
+            log.info("%s: evaluating the moving average of its weights (--model-ema)", source)
+        elif holds_average(loaded):
+            log.info(
+                "%s: evaluating the model's weights; the file also holds their moving average, "
+                "which --model-ema evaluates",
+                source,
+            )
         val, classes, description = build_eval_data(
             cfg.data,
             batch_size=t.batch_size,
@@ -67,23 +82,33 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
             )
         evaluator = build_evaluator(cfg, dist, model, t.batch_size)
     except UserError:
-        if created:
-            discard_run_dir(run_dir, dist)
+        folder.discard(dist)
+        raise
+    except BaseException:
+        folder.release()
         raise
     log.info("%s, %d classes | %s", cfg.model.arch, num_classes, description)
     try:
-        result = evaluator(val)
-    finally:
-        val.close()
-    result.update(weights=str(cfg.model.weights), data=str(cfg.data.path), arch=cfg.model.arch)
-    if dist.is_main:
-        (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        log.info(
-            "evaluated %s: top-1 %.2f%%, top-5 %.2f%% over %d images | %s",
-            cfg.model.weights,
-            result["top1"],
-            result["top5"],
-            result["images"],
-            run_dir / "eval.json",
+        try:
+            result = evaluator(val)
+        finally:
+            val.close()
+        result.update(
+            weights=str(cfg.model.weights),
+            average=t.model_ema,
+            data=str(cfg.data.path),
+            arch=cfg.model.arch,
         )
+        if dist.is_main:
+            (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+            log.info(
+                "evaluated %s: top-1 %.2f%%, top-5 %.2f%% over %d images | %s",
+                cfg.model.weights,
+                result["top1"],
+                result["top5"],
+                result["images"],
+                run_dir / "eval.json",
+            )
+    finally:
+        folder.release()
     return result

@@ -11,12 +11,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fasttrain.config import KERNELS, OPTION_BY_KEY, Config, TrainConfig
+from fasttrain.config import KERNELS, Config, TrainConfig
 from fasttrain.config.parse import Parsed, inductor_options, triton_kernels
 from fasttrain.config.paths import found_exclude_list
 from fasttrain.config.resolution import resolve_sizes
 from fasttrain.errors import UserError
 from fasttrain.model.fused_support import check
+from fasttrain.run.moot import Launch, given_keys, moot_notes
 from fasttrain.run.resolve_bn import SupportCheck, resolve_bn_paths
 
 if TYPE_CHECKING:
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 # tuning of its Triton kernels, the fastest measured with --cuda-graphs (docs/DESIGN.md).
 FASTEST_COMPILE_MODE = "default"
 FASTEST_INDUCTOR_OPTIONS = "coordinate_descent_tuning"
-# DDP-only settings (TrainConfig fields): given without DDP they do nothing, and the user hears so
-DDP_ONLY = ("bucket_cap_mb", "broadcast_buffers", "sync_bn", "ddp_comm_hook")
 
 
 def resolve(
@@ -47,6 +46,7 @@ def resolve(
     fused model here. What the user should hear once goes into ``notes``. The run folder is
     ``runs.place_run``'s to choose, after this."""
     notes = [] if notes is None else notes
+    given = given_keys(cfg)  # before any auto value is filled in
     t, d = cfg.train, cfg.data
     t.device = dist.device.type
     if gpus is None:
@@ -101,9 +101,10 @@ def resolve(
             f"--auto-augment {d.auto_augment}: --loader synthetic has no images to augment; "
             "leave one out"
         )
-    _unused_notes(cfg, notes)
-    _resolve_parallel(cfg, dist.world_size, gpus, notes)
+    _lr_notes(cfg, notes)
+    _resolve_parallel(cfg, dist.world_size, gpus)
     kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
+    notes += moot_notes(cfg, given, Launch(dist.world_size))  # now that every mode is known
     cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes, bn_path)
     return cfg
 
@@ -142,36 +143,16 @@ def _resolve_compile(t: TrainConfig, notes: list[str], sample: bool) -> dict[str
     return inductor
 
 
-def _changed(cfg: Config, keys: list[str]) -> list[str]:
-    """The flags of ``keys`` (``section.field``) that ``cfg`` sets away from their defaults."""
-    default = Config()
-
-    def value(c: Config, key: str) -> Any:
-        section, name = key.split(".")
-        return getattr(getattr(c, section), name)
-
-    return [OPTION_BY_KEY[k].flag for k in keys if value(cfg, k) != value(default, k)]
-
-
-def _unused_notes(cfg: Config, notes: list[str]) -> None:
-    """Settings that only one mode reads, given without it (a schedule's own with another
-    schedule, the average's without --model-ema, mixing's without an alpha), are named, not
-    silently unused."""
-    o, t = cfg.optim, cfg.train
-    own = {"step": ["optim.lr_step_epochs", "optim.lr_gamma"], "poly": ["optim.lr_power"]}
-    schedule = _changed(
-        cfg, [k for kind, keys in own.items() if o.lr_schedule != kind for k in keys]
-    )
-    if schedule:
-        notes.append(f"{', '.join(schedule)}: unused with --lr-schedule {o.lr_schedule}")
-    ema = _changed(
-        cfg, ["train.model_ema_decay", "train.model_ema_steps", "train.model_ema_warmup"]
-    )
-    if ema and not t.model_ema:
-        notes.append(f"{', '.join(ema)}: unused without --model-ema")
-    mix = _changed(cfg, ["train.mixup_prob", "train.mixup_switch_prob"])
-    if mix and not (t.mixup_alpha > 0 or t.cutmix_alpha > 0):
-        notes.append(f"{', '.join(mix)}: unused without --mixup-alpha or --cutmix-alpha")
+def _lr_notes(cfg: Config, notes: list[str]) -> None:
+    """A step schedule whose first decay falls past the run's last epoch never lowers the LR:
+    the run ends at its peak, wherever the noise leaves it. Said once, with what to use."""
+    o, epochs = cfg.optim, cfg.train.epochs
+    if o.lr_schedule == "step" and epochs <= o.lr_step_epochs and not cfg.run.test_only:
+        notes.append(
+            f"the LR never decays in this run: --lr-schedule step multiplies it by --lr-gamma "
+            f"every {o.lr_step_epochs} epochs (--lr-step-epochs), and the run has {epochs}; use "
+            "--lr-schedule cosine, or a smaller --lr-step-epochs"
+        )
 
 
 def _resolve_test_only(cfg: Config) -> None:
@@ -190,8 +171,8 @@ def _resolve_test_only(cfg: Config) -> None:
         cfg.train.batch_size = 256 if cfg.train.device == "cuda" else 32
 
 
-def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str]) -> None:
-    """The strategy from the launch; DDP-only settings without DDP are named in a note."""
+def _resolve_parallel(cfg: Config, world_size: int, gpus: int) -> None:
+    """The strategy from the launch."""
     t = cfg.train
     if t.strategy == "auto" or (t.strategy == "ddp" and world_size == 1):
         t.strategy = "ddp" if world_size > 1 else "none"  # one process: DDP only adds a wrapper
@@ -215,13 +196,6 @@ def _resolve_parallel(cfg: Config, world_size: int, gpus: int, notes: list[str])
             )
         if gpus < 2:
             raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
-    unused = _changed(cfg, [f"train.{k}" for k in DDP_ONLY])
-    if t.strategy != "ddp" and unused:
-        notes.append(
-            f"{', '.join(unused)}: {'DDP settings' if len(unused) > 1 else 'a DDP setting'}, "
-            f"unused with --strategy {t.strategy} "
-            f"({world_size} process{'es' if world_size > 1 else ''})"
-        )
 
 
 def _resolve_kernels(cfg: Config) -> frozenset[str]:

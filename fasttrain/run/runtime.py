@@ -1,8 +1,7 @@
-"""Process-wide setup for a run: the run directory, per-rank log files, seeds and backend flags."""
+"""Process-wide setup for a run: per-rank log files, seeds and backend flags."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -13,10 +12,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from fasttrain.config import Config
-from fasttrain.config.cli import save_resolved
 from fasttrain.dist.state import DistState
-from fasttrain.errors import UserError
 
 log = logging.getLogger("fasttrain")
 
@@ -31,43 +27,11 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def prepare_run_dir(cfg: Config, dist: DistState) -> tuple[Path, bool]:
-    """Create and probe the output directory, start logging, and save the resolved config.
-    Returns the directory and whether this call created it (``discard_run_dir`` then may)."""
-    out = Path(cfg.run.output_dir)
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{dist.rank}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(
-            f"--output-dir {out}: cannot write there ({e.strerror}); choose a writable directory"
-        ) from None
-    setup_logging(out, dist)
-    if dist.is_main:
-        save_resolved(cfg, out / "config.yaml")
-    return out, created
-
-
-def discard_run_dir(out: Path, dist: DistState) -> None:
-    """Remove a run directory ``prepare_run_dir`` created for a run that could not start: its
-    config and log say nothing the one-line error has not, and a folder per failed start would
-    pile up."""
-    _detach_handlers()
-    (out / f"log-rank{dist.rank}.txt").unlink(missing_ok=True)
-    if dist.is_main:
-        (out / "config.yaml").unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # only if nothing else is in it (another rank's log)
-        out.rmdir()
-
-
 def setup_logging(out: Path, dist: DistState) -> None:
     """Every rank logs to ``log-rank{N}.txt``; only the main process also prints."""
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    _detach_handlers()  # a second run in the same process (tests) starts clean
+    detach_logging()  # a second run in the same process (tests) starts clean
     fh = logging.FileHandler(out / f"log-rank{dist.rank}.txt")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(fh)
@@ -86,7 +50,7 @@ def setup_logging(out: Path, dist: DistState) -> None:
         warn_log.addHandler(h)
 
 
-def _detach_handlers() -> None:
+def detach_logging() -> None:
     """Close and remove the run's log handlers, from fasttrain's logger and the warnings'."""
     for logger in (log, logging.getLogger("py.warnings")):
         for h in list(logger.handlers):

@@ -30,7 +30,7 @@ from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built
 from fasttrain.run.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
-from fasttrain.run.runtime import discard_run_dir, prepare_run_dir
+from fasttrain.run.folder import open_run_folder
 from fasttrain.run.setup import set_up, total_steps
 
 log = logging.getLogger("fasttrain")
@@ -382,11 +382,16 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
                 file=sys.stderr,
             )
         return {"steps": step, "complete": True}
-    run_dir, created = prepare_run_dir(cfg, dist)
+    folder = open_run_folder(cfg, dist)  # this run's from here on: its lock is taken
     try:  # until training starts, a bad input leaves no run folder behind
-        built, step = set_up(cfg, dist, run_dir, resumed)
+        built, step = set_up(cfg, dist, folder.path, resumed)
     except UserError:
-        if created:
-            discard_run_dir(run_dir, dist)
+        folder.discard(dist)
         raise
-    return Trainer(cfg, dist, built, step, t_start).fit()
+    except BaseException:  # a fault: its log stays, the folder is free again
+        folder.release()
+        raise
+    try:
+        return Trainer(cfg, dist, built, step, t_start).fit()
+    finally:
+        folder.release()

@@ -11,6 +11,7 @@ without their prefix. Nothing is downloaded: the file is the user's.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,19 @@ from fasttrain.errors import UserError
 log = logging.getLogger("fasttrain")
 
 PREFIXES = ("module.", "_orig_mod.")
+# what a file that pickles more than tensors is told: never torch's own advice, which is to load it
+# with weights_only=False, the one thing that runs the file's code
+NEEDS_CODE = (
+    "it holds Python objects that need code to load, not only tensors; fasttrain loads weights "
+    "only and refuses such files: save the weights alone, torch.save(model.state_dict(), PATH)"
+)
+
+
+def needs_code(e: BaseException) -> bool:
+    """Whether ``torch.load(..., weights_only=True)`` refused a file for the code it needs."""
+    return isinstance(e, pickle.UnpicklingError) and "weights only" in str(e).lower()
+
+
 CONTAINER_KEYS = ("model", "state_dict", "model_state_dict")  # fasttrain, timm, common scripts
 CLASSIFIER = ("fc.weight", "fc.bias")  # torchvision ResNets' last layer
 
@@ -51,17 +65,39 @@ def read_state_dict(
     """The state dict a weights file holds (module notes), on the CPU; a file that is not one is
     a one-line error naming ``flag``. ``key``: take the checkpoint's state under that key
     instead (``model_ema``: a --model-ema run's average)."""
+    return state_dict_in(load_file(path, flag), path, flag, key)
+
+
+def load_file(path: str | Path, flag: str = "--weights") -> Any:
+    """What a weights file holds, loaded with ``weights_only=True`` on the CPU; a file that
+    cannot be read so is a one-line error naming ``flag``, never with advice to load it
+    unsafely."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and torch's own errors all mean "not a weights file"
+        if needs_code(e):
+            raise UserError(f"{flag} {path}: {NEEDS_CODE}") from None
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if "weights_only" in first:  # torch's advice to load unsafely is never passed on
+            first = type(e).__name__
         raise UserError(
             f"{flag} {path}: torch.load cannot read it as weights ({first}); give a state dict "
             "saved with torch.save, or a checkpoint holding one"
         ) from None
+
+
+def holds_average(obj: Any) -> bool:
+    """Whether a loaded checkpoint holds a --model-ema run's moving average of the weights."""
+    return isinstance(obj, Mapping) and _is_state_dict(obj.get("model_ema"))
+
+
+def state_dict_in(
+    obj: Any, path: str | Path, flag: str = "--weights", key: str | None = None
+) -> dict[str, Tensor]:
+    """The state dict in what ``load_file`` read (see ``read_state_dict``)."""
     if key is not None:
         if not (isinstance(obj, Mapping) and _is_state_dict(obj.get(key))):
             what = "EMA weights (train with --model-ema)" if key == "model_ema" else repr(key)

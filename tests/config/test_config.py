@@ -451,7 +451,7 @@ def test_ddp_only_settings_without_ddp_are_named_in_a_note():
     cfg = _resolved("--ddp-comm-hook", "bf16", "--sync-bn", notes=notes)
     assert cfg.train.strategy == "none" and cfg.train.ddp_comm_hook == "bf16"
     assert notes == [
-        "--sync-bn, --ddp-comm-hook: DDP settings, unused with --strategy none (1 process)"
+        "--sync-bn, --ddp-comm-hook: unused with --strategy none (1 process): DDP's own"
     ]
     quiet: list[str] = []  # with DDP they are used, and defaults are never named
     _resolved("--ddp-comm-hook", "bf16", world=2, notes=quiet)

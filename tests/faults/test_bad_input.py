@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import FAST
 from tests.faults.conftest import one_line_error
@@ -138,3 +140,37 @@ def test_cli_process_prints_no_traceback(tmp_path):
         f"fasttrain: error: --data {tmp_path / 'none'}: no such directory; point it at a folder "
         "with train/ and val/ inside, or leave --data out to use the built-in sample dataset"
     ]
+
+
+class _Runs:
+    """An object whose unpickling would run code (it creates ``marker``)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+@pytest.mark.parametrize("how", ["--weights", "evaluate", "--resume"])
+def test_a_file_that_needs_code_to_load_is_refused_without_advice_to_load_it_unsafely(
+    run, tiny_data, tmp_path, how
+):
+    """A weights file or checkpoint that pickles an object: refused in one line that says
+    fasttrain loads weights only, never torch's advice to load with weights_only=False, and the
+    object's code never runs."""
+    marker = tmp_path / "code-ran"
+    bad = tmp_path / "bad.pt"
+    torch.save({"model": {"fc.weight": torch.zeros(4, 2)}, "payload": _Runs(str(marker))}, bad)
+    common = ["--data", tiny_data, *FAST, "--max-steps", "1", "--output-dir", tmp_path / "o"]
+    argv = {
+        "--weights": [*common, "--weights", bad],
+        "evaluate": ["evaluate", bad, "--data", tiny_data, *FAST, "--output-dir", tmp_path / "o"],
+        "--resume": [*common, "--resume", bad],
+    }[how]
+    code, err = run(*argv)
+    assert code == 2, err
+    line = one_line_error(err)
+    assert "need code to load" in line and "fasttrain loads weights only" in line
+    assert "weights_only" not in err and "Re-running" not in err
+    assert not marker.exists()

@@ -157,18 +157,26 @@ def test_holistic_trace_analysis_agrees_on_the_same_trace(tmp_path):
     assert row["non_compute_time(us)"] == pytest.approx(ours_busy - ours_compute, abs=1)
 
 
-@pytest.mark.slow
-def test_profiled_cpu_run_writes_traces_the_tensorboard_plugin_loads(tiny_data, tmp_path):
-    """In a process of its own, so that what torch's C++ side prints is seen: a CPU run
-    records quietly (no kineto start/stop lines, no failed GPU count, no metadata warnings)."""
-    out = tmp_path / "p"
+@pytest.fixture(scope="module")
+def profiled_cpu_run(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A profiled CPU run, in a process of its own so that what torch's C++ side prints is
+    seen; its folder and its completed process."""
+    out = tmp_path_factory.mktemp("profiled") / "p"
     flags = ["--profile", "--profile-wait", "2", "--profile-warmup", "1", "--profile-active", "3"]
     done = subprocess.run(
         [sys.executable, "-m", "fasttrain", "--data", str(tiny_data), *FAST, "--max-steps", "8",
          "--eval-every", "0", "--output-dir", str(out), *flags],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=out.parent, capture_output=True, text=True, timeout=600,
         env={k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"},
     )  # fmt: skip
+    return out, done
+
+
+@pytest.mark.slow
+def test_profiled_cpu_run_writes_quiet_traces_and_a_breakdown(profiled_cpu_run):
+    """A CPU run records quietly (no kineto start/stop lines, no failed GPU count, no metadata
+    warnings), writes one trace per cycle with distributedInfo, and its breakdown."""
+    out, done = profiled_cpu_run
     assert done.returncode == 0, done.stderr
     for noise in ("USDT", "gpuGetDeviceCount", "Profiler is not initialized", "ERROR:"):
         assert noise not in done.stderr, done.stderr
@@ -185,17 +193,21 @@ def test_profiled_cpu_run_writes_traces_the_tensorboard_plugin_loads(tiny_data, 
     assert "step time breakdown, rank 0" in (out / "log-rank0.txt").read_text()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "profile" for r in records)
-    if importlib.util.find_spec("torch_tb_profiler") is not None:
-        _assert_plugin_loads(out / "profile", tmp_path)
 
 
-def _assert_plugin_loads(logdir: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_tensorboards_profiler_plugin_loads_the_run(profiled_cpu_run, tmp_path):
     """Load the run the way TensorBoard's PyTorch Profiler plugin does (its RunLoader, with its
-    cache), and check it lists this rank and the views a CPU trace has."""
+    cache): it lists this rank and the views a CPU trace has."""
+    pytest.importorskip(
+        "torch_tb_profiler", reason="the profile extra is not installed: pip install -e .[profile]"
+    )
     from torch_tb_profiler import io
     from torch_tb_profiler.profiler.loader import RunLoader
 
-    loaded = RunLoader("profile", str(logdir), io.Cache(str(tmp_path / "tbcache"))).load()
+    out, done = profiled_cpu_run
+    assert done.returncode == 0, done.stderr
+    loaded = RunLoader("profile", str(out / "profile"), io.Cache(str(tmp_path / "tbcache"))).load()
     assert loaded is not None and loaded.workers == ["rank0"]
     assert {"Overview", "Operator", "Trace"} <= {v.display_name for v in loaded.views}
 

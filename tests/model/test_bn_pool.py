@@ -49,9 +49,11 @@ def test_affine_relu_maxpool_matches_torch(dtype):
     "total, total_sq",
     [
         (torch.tensor([3.0, -1.5, 0.25]), torch.tensor([5.0, 2.0, 0.5])),
-        # the middle channel's variance comes out below 0 and is clamped (exactly 0, torch
-        # versions differ on whether clamp_min passes the gradient: 2.11 does, 2.14 not)
+        # the middle channel's variance comes out below 0 and is clamped
         (torch.tensor([2.0, 1.0, -3.0]), torch.tensor([1.5, 0.1, 2.5])),
+        # the middle channel's variance is exactly 0 (a constant channel: 4 values of 0.5), where
+        # clamp_min's gradient differs between torch versions and ``at_least_zero``'s does not
+        (torch.tensor([2.0, 2.0, -3.0]), torch.tensor([1.5, 1.0, 2.5])),
     ],
 )
 def test_bn_finalize_backward_is_autograds_gradient_of_bn_finalize(total, total_sq):

@@ -75,11 +75,27 @@ def test_a_run_with_model_ema_evaluates_checkpoints_resumes_and_exports_it(
     assert code == 0, err
     exported = torch.load(tmp_path / "ema.pt", weights_only=True)
     assert torch.equal(exported["fc.weight"], saved["model_ema"]["fc.weight"])
+    assert "wrote the moving average of its weights" in err
+    code, err = run("export", state, tmp_path / "raw.pt")
+    assert code == 0 and "wrote its model's weights" in err
+    assert "it also holds their moving average, which --ema writes" in err
     out = tmp_path / "eval"
     code, err = run("evaluate", tmp_path / "ema.pt", "--data", tiny_data, *FAST, "--output-dir",
                     out)  # fmt: skip
     assert code == 0, err
     assert json.loads((out / "eval.json").read_text())["top1"] == pytest.approx(val[-1]["ema_top1"])
+    # evaluate --model-ema on the checkpoint itself: the average, as the run reported it, and
+    # without the flag the model's own weights, each saying which it evaluated
+    for flags, key, said in (
+        (["--model-ema"], "ema_top1", "evaluating the moving average of its weights"),
+        ([], "top1", "the file also holds their moving average, which --model-ema evaluates"),
+    ):
+        out = tmp_path / f"eval-{key}"
+        code, err = run("evaluate", state, "--data", tiny_data, *FAST, *flags, "--output-dir", out)
+        assert code == 0, err
+        result = json.loads((out / "eval.json").read_text())
+        assert result["top1"] == pytest.approx(val[-1][key]) and result["average"] == bool(flags)
+        assert said in (out / "log-rank0.txt").read_text()
 
 
 def test_export_ema_of_a_checkpoint_without_one_is_one_line(run, tiny_data, tmp_path):

@@ -239,7 +239,7 @@ def bn_finalize(
         scale = gamma * torch.rsqrt(bn.running_var.to(acc) + bn.eps)
         return scale, beta - bn.running_mean.to(acc) * scale
     mean = total / count
-    var = (total_sq / count - mean * mean).clamp_min(0)  # biased: what normalises the batch
+    var = at_least_zero(total_sq / count - mean * mean)  # biased: what normalises the batch
     scale = gamma * torch.rsqrt(var + bn.eps)
     update_running_stats(bn, mean, var, count)
     return scale, beta - mean * scale
@@ -262,12 +262,17 @@ def bn_finalize_backward(
     var = total_sq / count - mean * mean
     # scale = gamma * rsqrt(var + eps), bias = beta - mean * scale
     reaches_scale = grad_scale - mean * grad_bias
-    grad_var = -0.5 * reaches_scale * scale / (var.clamp_min(0) + eps)
-    # clamp_min(0) passes no gradient below 0; at exactly 0 torch 2.14's passes none and 2.11's
-    # passes it (a constant channel): this follows 2.14
-    grad_var = torch.where(var > 0, grad_var, 0)
+    grad_var = -0.5 * reaches_scale * scale / (at_least_zero(var) + eps)
+    grad_var = torch.where(var > 0, grad_var, 0)  # as ``at_least_zero``: none at 0 or below
     grad_mean = -scale * grad_bias - 2 * mean * grad_var
     return grad_mean / count, grad_var / count
+
+
+def at_least_zero(var: Tensor) -> Tensor:
+    """``var`` clamped up to 0 (E[x²] − E[x]² can come out just below it), with no gradient at 0
+    or below, on every torch: ``clamp_min(0)``'s gradient at exactly 0 (a constant channel)
+    differs between versions (2.11 passes it, 2.14 does not). A NaN stays a NaN."""
+    return torch.where(var > 0, var, var * 0)
 
 
 def update_running_stats(
