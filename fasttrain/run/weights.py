@@ -33,8 +33,10 @@ NEEDS_CODE = (
 
 
 def needs_code(e: BaseException) -> bool:
-    """Whether ``torch.load(..., weights_only=True)`` refused a file for the code it needs."""
-    return isinstance(e, pickle.UnpicklingError) and "weights only" in str(e).lower()
+    """Whether ``torch.load(..., weights_only=True)`` refused a file for the code it needs: a
+    pickled class or function it does not allow ("Unsupported global"), not bytes that are no
+    pickle at all ("Unsupported operand")."""
+    return isinstance(e, pickle.UnpicklingError) and "unsupported global" in str(e).lower()
 
 
 CONTAINER_KEYS = ("model", "state_dict", "model_state_dict")  # fasttrain, timm, common scripts

@@ -28,7 +28,7 @@ def test_export_writes_torchvisions_state_dict_with_the_same_logits(run, trained
     checkpoint = ckpt.list_checkpoints(trained)[0]
     code, err = run("export", checkpoint, tmp_path / "w" / "resnet18.pt")
     assert code == 0, err
-    assert "wrote 122 tensors" in err
+    assert "wrote its model's weights, 122 tensors" in err
     state = torch.load(tmp_path / "w" / "resnet18.pt", weights_only=True)
     plain = torchvision.models.resnet18(num_classes=4)
     plain.load_state_dict(state, strict=True)  # torchvision's keys, nothing else
