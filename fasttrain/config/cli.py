@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Config()
     groups = {name: p.add_argument_group(f"{name} (YAML section '{name}')") for name in SECTIONS}
     for o in OPTIONS:
-        section, name = o.key.split(".")
-        default = getattr(getattr(defaults, section), name)
+        section = o.key.split(".")[0]
+        default = defaults.get(o.key)
         # argument_default=SUPPRESS hides argparse's own defaults, so write them in here
         help_text = o.help + ("" if default is None else f" (default: {default})")
         group = groups[section]

@@ -64,12 +64,11 @@ def markdown() -> str:
             "|---|---|---|---|---|",
         ]
         for o in (o for o in OPTIONS if o.key.startswith(f"{section}.")):
-            name = o.key.split(".")[1]
             flags = ", ".join(f"`{f}`" for f in (o.flag, *o.aliases))
             help_text = o.help.replace("%%", "%").replace("|", "\\|")
             if o.synonyms:
                 help_text += f" ({', '.join(f'`{a}`' for a, _ in o.synonyms)} are accepted too)"
-            default = _default(getattr(getattr(defaults, section), name))
+            default = _default(defaults.get(o.key))
             lines.append(f"| {flags} | `{o.key}` | {default} | {_values(o)} | {help_text} |")
         lines.append("")
     return "\n".join(lines)

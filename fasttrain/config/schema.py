@@ -43,6 +43,11 @@ class Config:
         """The sections as YAML holds them: what ``config.yaml`` records."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
+    def get(self, key: str) -> Any:
+        """The value of the option at YAML key ``key`` (``section.name``)."""
+        section, name = key.split(".")
+        return getattr(getattr(self, section), name)
+
     @property
     def typed(self) -> Parsed:
         """``parsed``, which ``resolve`` sets; a config used before that is a bug."""

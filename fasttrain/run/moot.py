@@ -131,12 +131,7 @@ def given_keys(cfg: Config) -> frozenset[str]:
     """The options ``cfg`` sets away from their defaults: what the user gave, before ``resolve``
     fills in the ``auto`` values."""
     default = Config()
-
-    def value(c: Config, key: str) -> object:
-        section, name = key.split(".")
-        return getattr(getattr(c, section), name)
-
-    return frozenset(k for k in OPTION_BY_KEY if value(cfg, k) != value(default, k))
+    return frozenset(k for k in OPTION_BY_KEY if cfg.get(k) != default.get(k))
 
 
 def moot_notes(cfg: Config, given: Collection[str], launch: Launch) -> list[str]:
