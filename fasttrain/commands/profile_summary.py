@@ -33,6 +33,12 @@ def main(argv: Sequence[str]) -> int:
     summaries = [summarize(t) for t in traces]
     for s in summaries:
         print(table(s))
+    print(
+        "the traces, for ui.perfetto.dev or Chromium's chrome://tracing (both read them offline):"
+    )
+    for s in summaries:
+        rank = s["rank"] if s["rank"] is not None else "?"
+        print(f"  rank {rank}: {s['trace']}")
     if args.json:
         import json
 

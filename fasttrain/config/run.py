@@ -61,8 +61,9 @@ class RunConfig:
         False,
         "--profile",
         "profile with torch.profiler (CPU and CUDA): traces per rank under <output-dir>/profile "
-        "for TensorBoard (torch-tb-profiler) and Perfetto, and a breakdown of each step into "
-        "compute, communication, data transfer, sync and idle",
+        "for Perfetto or chrome://tracing, and each step's breakdown (compute, communication, "
+        "copies, idle; the host's loader wait, copy to the device and sync) and top kernels, "
+        "logged and in TensorBoard's Text and Images dashboards",
     )
     profile_wait: int = option(
         20,

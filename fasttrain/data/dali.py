@@ -34,9 +34,9 @@ import torch
 from fasttrain.config.resolution import Resolution
 from fasttrain.data.dali_install import require_dali
 from fasttrain.data.dali_pipelines import BAD_FILE, pipelines
+from fasttrain.data.loader import CopyClock
 from fasttrain.data.torchvision import val_resize
 from fasttrain.errors import RuntimeFault
-from fasttrain.metrics.profiling import span
 
 
 class DataError(RuntimeFault):
@@ -97,6 +97,7 @@ class _DaliLoader:
         self.channels_last = place.channels_last
         # every batch lands in the same tensors, unless made contiguous NCHW (a copy)
         self.fixed_buffers = place.channels_last
+        self.copy_clock = CopyClock()
         self.runs = 0  # the pipeline's batches run in the current epoch
 
     def _build(self, size: int, batch: int, checkpoint: str | None = None):
@@ -176,7 +177,7 @@ class _DaliLoader:
         """The pipeline's next batch, in buffer ``slot``."""
         images, labels = self._run()
         self.runs += 1
-        with span("fasttrain.copy_in"):
+        with self.copy_clock.timing():
             return self._copy_out(images, labels, slot)
 
     def _output(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from fasttrain.config.resolution import Resolution
+from fasttrain.data.loader import CopyClock
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
@@ -42,6 +43,7 @@ class SyntheticLoader:
         self.start_batch = self.epoch = 0
         self.images, self.labels = self._tensors(0)
         self.fixed_buffers = True  # the same tensors every step: a CUDA graph reads them in place
+        self.copy_clock = CopyClock()  # made on the device once: nothing to copy
 
     def batch_at(self, epoch: int) -> int:
         return self.resolution.batch_at(epoch, self.batches, self.batch_size)

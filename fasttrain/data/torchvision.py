@@ -24,7 +24,7 @@ from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from fasttrain.config.resolution import Resolution
-from fasttrain.metrics.profiling import span
+from fasttrain.data.loader import CopyClock
 
 log = logging.getLogger("fasttrain")
 
@@ -235,6 +235,7 @@ class DeviceLoader:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
         self.inv_std = 1 / (torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255)
+        self.copy_clock = CopyClock()
         self.bad_files: set[str] = set()
         self.labels: dict[str, int] | None = None  # path -> label, once a file has failed
         self.class_sizes: Counter = Counter()
@@ -294,7 +295,7 @@ class DeviceLoader:
                             "skipped an undecodable image (%d so far): %s", len(self.bad_files), p
                         )
                         self._whole_class(p)
-            with span("fasttrain.copy_in"):
+            with self.copy_clock.timing():
                 x = images.to(self.device, non_blocking=non_blocking)  # uint8 NHWC
                 if self.triton_normalize:  # one pass: read uint8, write dtype
                     x = self.normalize(

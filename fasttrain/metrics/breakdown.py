@@ -14,16 +14,19 @@ time. Inside each window the GPU timeline (all streams merged) is split into fou
 - ``idle``: covered by nothing.
 
 Alongside, and overlapping those: ``comm`` (all NCCL kernel time, overlapped or not), ``memory``
-(all memcpy/memset time), and from the host's window ``host_data_wait`` (host time inside
-fasttrain's ``fasttrain.data`` ranges: blocked on the loader) and ``host_sync`` (host time in CUDA
-synchronize calls).
+(all memcpy/memset time), and from the host's window the host's time getting each step's data,
+split in two that sum to it: ``host_copy_in`` (inside fasttrain's ``fasttrain.copy_in`` ranges
+within its ``fasttrain.data`` ranges: copying the batch to the device and normalising it) and
+``host_loader_wait`` (the rest of ``fasttrain.data``: waiting for the loader to hand a batch
+over); and ``host_sync`` (host time in CUDA synchronize calls).
 
 Kernels launched by a CUDA graph appear in the trace as ordinary kernels (CUPTI records them,
 with the replay's launch as their correlation), so graph replays are counted like any other
 work. The first profiled step starts where the host began it, and may hold GPU work launched before
 profiling began (the previous graph replay, still running); the mean leaves it out. A step with no
 GPU work (a CPU run, or a trace without correlation ids) keeps the host's window; in a CPU run
-``compute`` is that window less host data wait and sync, and those two are ``idle``.
+``compute`` is that window less the loader wait and sync, and those two are ``idle`` (the copy-in
+is the host's own work there: it normalises the batch).
 
 The classes follow HolisticTraceAnalysis: "nccl" in a kernel name is communication, Memcpy and
 Memset are memory, every other kernel is computation.
@@ -57,7 +60,8 @@ class StepTimes:
     idle: float
     comm: float
     memory: float
-    host_data_wait: float
+    host_loader_wait: float
+    host_copy_in: float
     host_sync: float
 
     def residual(self) -> float:
@@ -124,7 +128,7 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     gpu: dict[str, list[tuple[float, float]]] = {"compute": [], "comm": [], "memory": []}
     windows = []
-    data_ranges, sync_ranges = [], []
+    data_ranges, copy_ranges, sync_ranges = [], [], []
     launched_at: dict[Any, float] = {}  # correlation id -> host launch time
     gpu_events = []  # (end, correlation)
     for e in events:
@@ -143,6 +147,8 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
             windows.append((int(m.group(1)), start, end))
         elif name == "fasttrain.data":
             data_ranges.append((start, end))
+        elif name == "fasttrain.copy_in":
+            copy_ranges.append((start, end))
         elif name in SYNC_CALLS:
             sync_ranges.append((start, end))
     windows.sort()
@@ -152,6 +158,9 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
     busy = _union(compute + comm + memory)
     has_gpu = bool(busy)
     data_ranges, sync_ranges = _union(data_ranges), _union(sync_ranges)
+    copy_ranges = _union(copy_ranges)
+    copy_in_data = _minus(copy_ranges, _minus(copy_ranges, data_ranges))  # the intersection
+    loader_ranges = _minus(data_ranges, copy_in_data)
     out = []
     for (n, host_lo, host_hi), (lo, hi) in zip(
         windows, _gpu_windows(windows, gpu_events, launched_at), strict=True
@@ -160,7 +169,8 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
         c = _clip(compute, lo, hi)
         cm = _clip(comm, lo, hi)
         mem = _clip(memory, lo, hi)
-        data_wait = _length(_clip(data_ranges, host_lo, host_hi)) * ms
+        loader_wait = _length(_clip(loader_ranges, host_lo, host_hi)) * ms
+        copy_in = _length(_clip(copy_in_data, host_lo, host_hi)) * ms
         sync = _length(_clip(sync_ranges, host_lo, host_hi)) * ms
         total = (hi - lo) * ms
         if has_gpu:
@@ -174,7 +184,8 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
                 idle,
             )
         else:  # a CPU run: the host's own time is the compute
-            parts = (max(0.0, total - data_wait - sync), 0.0, 0.0, min(total, data_wait + sync))
+            waits = loader_wait + sync
+            parts = (max(0.0, total - waits), 0.0, 0.0, min(total, waits))
         out.append(
             StepTimes(
                 n,
@@ -182,7 +193,8 @@ def step_times(trace: dict[str, Any]) -> list[StepTimes]:
                 *parts,
                 comm=_length(cm) * ms,
                 memory=_length(mem) * ms,
-                host_data_wait=data_wait,
+                host_loader_wait=loader_wait,
+                host_copy_in=copy_in,
                 host_sync=sync,
             )
         )
@@ -237,9 +249,10 @@ def mean(steps: list[StepTimes]) -> StepTimes | None:
     return StepTimes(**fields)
 
 
-def summarize(path: str | Path) -> dict[str, Any]:
-    """The breakdown of one trace file: every step, their mean, and the rank it came from."""
-    trace = load_trace(path)
+def summarize(path: str | Path, trace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The breakdown of one trace file (``trace``: its contents, if already read): every step,
+    their mean, and the rank it came from."""
+    trace = load_trace(path) if trace is None else trace
     steps = step_times(trace)
     avg = mean(after_first(steps))
     return {
@@ -283,8 +296,8 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(f"  {labels[part]:<22s}{m[part]:9.2f} ms {100 * m[part] / total:5.1f}%")
     lines.append(
         f"  (overlapping: NCCL total {m['comm']:.2f} ms, memcpy/memset total {m['memory']:.2f} "
-        f"ms, host waiting for data {m['host_data_wait']:.2f} ms, host in sync calls "
-        f"{m['host_sync']:.2f} ms; the four parts sum to the step within "
-        f"{summary['residual_ms']:.3f} ms)"
+        f"ms; host waiting for the loader {m['host_loader_wait']:.2f} ms, copying to the "
+        f"device {m['host_copy_in']:.2f} ms, in sync calls {m['host_sync']:.2f} ms; the four "
+        f"parts sum to the step within {summary['residual_ms']:.3f} ms)"
     )
     return "\n".join(lines)

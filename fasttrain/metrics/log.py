@@ -10,12 +10,14 @@ its idle time included. ``Metrics(sync=True)`` is the simple reference, which th
 the same records: read at once, with a host sync (the GPU drains at every log step), timed on
 the host clock between two synchronised reads.
 
-Two figures say whether input holds the GPU back, and they differ: ``data_wait_frac`` is the
-host's share of its own time spent fetching batches (the host runs ahead, and with DALI it waits
-there for a batch whose decoding shares the busy GPU); ``gpu_idle_frac`` is the GPU's
-share of the interval outside the steps (CUDA events around each step), which is what a starving
-loader, or a host that falls behind, costs. The progress line shows the second, and the first
-only when the GPU idles too (``progress_text``).
+Figures of two kinds say whether input holds the GPU back, and they differ. The host's share of
+its own time spent getting batches comes in two parts: ``loader_wait_frac``, waiting for the
+loader to hand one over (the host runs ahead, and with DALI it waits there for a batch whose
+decoding shares the busy GPU), and ``copy_in_frac``, copying it to the device and normalising it
+(``Loader.copy_clock``). ``gpu_idle_frac`` is the GPU's share of the interval outside the steps
+(CUDA events around each step), which is what a starving loader, or a host that falls behind,
+costs. The progress line shows the last, and the host's two only when the GPU idles too
+(``progress_text``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from fasttrain.metrics import board
+from fasttrain.metrics.board import RankProfile
 from fasttrain.metrics.meter import Clock, DeviceMeter, StepTimer, peak_memory_gib
 from fasttrain.metrics.rates import progress_text, steady_rate
 
@@ -43,8 +47,10 @@ SCALARS = {
     "lr": "train/lr",
     "img_per_s": "perf/img_per_s",
     "img_per_s_per_gpu": "perf/img_per_s_per_gpu",
-    "data_wait_frac": "perf/data_wait_frac",
-    "data_wait_ms": "perf/data_wait_ms",
+    "loader_wait_frac": "perf/loader_wait_frac",
+    "loader_wait_ms": "perf/loader_wait_ms",
+    "copy_in_frac": "perf/copy_in_frac",
+    "copy_in_ms": "perf/copy_in_ms",
     "gpu_step_ms": "perf/gpu_step_ms",
     "gpu_step_ms_sd": "perf/gpu_step_ms_sd",
     "gpu_idle_frac": "perf/gpu_idle_frac",
@@ -115,13 +121,16 @@ class Metrics:
         if start is None and self.timer is not None:
             self.timer.take()  # steps outside any interval (the first, compiling one) are not timed
         self.images = 0
-        self.data_wait = 0.0
+        self.loader_wait = self.copy_in = 0.0
         self.steps = 0
 
-    def step_done(self, images: int, data_wait: float) -> None:
-        """Host-side bookkeeping only; no device access."""
+    def step_done(self, images: int, loader_wait: float, copy_in: float) -> None:
+        """Host-side bookkeeping only; no device access. ``loader_wait`` and ``copy_in``: the
+        host's seconds getting this step's batches, waiting for the loader and copying them to
+        the device."""
         self.images += images
-        self.data_wait += data_wait
+        self.loader_wait += loader_wait
+        self.copy_in += copy_in
         self.steps += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -157,7 +166,8 @@ class Metrics:
             "start": self.t0,
             "end": end,
             "images": self.images,
-            "data_wait": self.data_wait,
+            "loader_wait": self.loader_wait,
+            "copy_in": self.copy_in,
             "host_seconds": time.perf_counter() - self.host_t0,
             "steps": self.steps,
             "timed_steps": self.timer.take() if self.timer is not None else [],
@@ -201,8 +211,10 @@ class Metrics:
             "lr": iv["lr"],
             "img_per_s": rate,
             "img_per_s_per_gpu": rate / self.world_size,
-            "data_wait_frac": iv["data_wait"] / host_s if host_s > 0 else 0.0,
-            "data_wait_ms": 1e3 * iv["data_wait"] / max(iv["steps"], 1),
+            "loader_wait_frac": iv["loader_wait"] / host_s if host_s > 0 else 0.0,
+            "loader_wait_ms": 1e3 * iv["loader_wait"] / max(iv["steps"], 1),
+            "copy_in_frac": iv["copy_in"] / host_s if host_s > 0 else 0.0,
+            "copy_in_ms": 1e3 * iv["copy_in"] / max(iv["steps"], 1),
             "gpu_step_ms": gpu_ms,
             "gpu_step_ms_sd": gpu_sd,
             "gpu_idle_frac": idle,
@@ -232,13 +244,21 @@ class Metrics:
         self.pending = None
         return step
 
-    def log_profile(self, step: int, mean_ms: dict[str, float]) -> None:
-        """The profiled steps' mean breakdown as TensorBoard scalars (main process)."""
-        self._emit(
-            {"kind": "profile", "step": step, **mean_ms},
-            {f"profile/{k}_ms": v for k, v in mean_ms.items() if k != "step"},
-            step,
-        )
+    def log_profile(
+        self, step: int, mean_ms: dict[str, float] | None, ranks: list[RankProfile]
+    ) -> None:
+        """The profiled steps' breakdown (main process): this rank's mean as scalars
+        (``profile/<part>_ms``) and a ``metrics.jsonl`` record, and every rank's breakdown and
+        top kernels as TensorBoard text and a picture (``board.py``)."""
+        if not self.is_main:
+            return
+        if mean_ms is not None:
+            self._emit(
+                {"kind": "profile", "step": step, **mean_ms},
+                {f"profile/{k}_ms": v for k, v in mean_ms.items() if k != "step"},
+                step,
+            )
+        board.write(self.writer, step, ranks)
 
     def log_eval(self, step: int, epoch: int, result: dict[str, float]) -> None:
         """An evaluation's figures; with --model-ema, the average's too (``ema_top1/5``)."""

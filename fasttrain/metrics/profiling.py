@@ -24,6 +24,7 @@ import torch
 
 from fasttrain.config import RunConfig
 from fasttrain.dist.state import DistState
+from fasttrain.metrics.board import RankProfile
 
 log = logging.getLogger("fasttrain")
 
@@ -133,15 +134,31 @@ def span(name: str) -> Iterator[None]:
 
 
 def report_profile(
-    profiler: RunProfiler, log_profile: Callable[[int, dict[str, float]], None], step: int
+    profiler: RunProfiler,
+    log_profile: Callable[[int, dict[str, float] | None, list[RankProfile]], None],
+    step: int,
+    gather: Callable[[RankProfile], list[RankProfile]] | None = None,
 ) -> dict[str, Any]:
-    """This rank's breakdown of each trace: logged as a table, saved as JSON, and handed to
-    ``log_profile`` (TensorBoard's ``profile/<part>_ms``, from the main process)."""
+    """This rank's breakdown of each trace and its kernels: logged as a table, saved as JSON, and
+    handed to ``log_profile`` (TensorBoard, from the main process) with every rank's, which
+    ``gather`` collects (an all-gather; None after a fault, when only this rank's is safe)."""
     from dataclasses import asdict
 
-    from fasttrain.metrics.breakdown import StepTimes, after_first, mean, summarize, table
+    from fasttrain.metrics.breakdown import (
+        StepTimes,
+        after_first,
+        load_trace,
+        mean,
+        summarize,
+        table,
+    )
+    from fasttrain.metrics.kernels import KernelSplit, split
 
-    summaries = [summarize(p) for p in profiler.traces()]  # each trace read once
+    summaries, kernels = [], KernelSplit()
+    for p in profiler.traces():
+        trace = load_trace(p)  # each trace read once
+        summaries.append(summarize(p, trace))
+        kernels = kernels.add(split(trace))
     for s in summaries:
         log.info("%s", table(s))
     overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
@@ -149,6 +166,14 @@ def report_profile(
     path = profiler.trace_dir / f"breakdown-rank{profiler.dist.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
-    if overall is not None:
-        log_profile(step, asdict(overall))
+    run_dir = profiler.trace_dir.parent
+    mine = RankProfile(
+        rank=profiler.dist.rank,
+        traces=[str(Path(s["trace"]).relative_to(run_dir)) for s in summaries],
+        mean_ms=out["mean_ms"],
+        device="gpu" if any(s["device"] == "gpu" for s in summaries) else "cpu",
+        kernels=kernels,
+    )
+    ranks = gather(mine.compact()) if gather is not None else [mine]
+    log_profile(step, out["mean_ms"], ranks)
     return {"breakdown": str(path), "mean_ms": out["mean_ms"]}

@@ -35,21 +35,26 @@ def rates_by(
     return {k: steady_rate(v) for k, v in groups.items()}
 
 
-INPUT_BOUND = 0.05  # the GPU idle (and the host waiting for data) this share of the time
+INPUT_BOUND = 0.05  # the GPU idle (and the host getting data) this share of the time
 
 
 def progress_text(rate: float, record: dict[str, Any]) -> str:
-    """What limits the run, for the progress line: img/s, how busy the GPU was, and the
-    loader's share only when the run actually waits for data. With DALI the host waits in the
-    loader most of the time while the GPU is busy (decode shares the GPU): that wait is not a
-    bottleneck, so it is shown only when the GPU was idle too (on the CPU, where the host does
-    the work, when the host waited)."""
+    """What limits the run, for the progress line: img/s, how busy the GPU was, and the host's
+    time getting data only when the run actually waits for it, split into waiting for the
+    loader and copying to the device. With DALI the host waits in the loader most of the time
+    while the GPU is busy (decode shares the GPU): that wait is not a bottleneck, so it is shown
+    only when the GPU was idle too (on the CPU, where the host does the work, when the host
+    waited)."""
     text = f"{rate:,.0f} img/s"
-    idle, wait = record["gpu_idle_frac"], record["data_wait_frac"]
+    idle = record["gpu_idle_frac"]
+    loader, copy = record["loader_wait_frac"], record["copy_in_frac"]
     if idle is not None:
         text += f", GPU busy {100 * (1 - idle):.1f}%"
         if record["gpu_step_ms"] is not None:
             text += f" ({record['gpu_step_ms']:.1f} ms/step)"
-    if wait >= INPUT_BOUND and (idle is None or idle >= INPUT_BOUND):
-        text += f", waiting for data {100 * wait:.0f}% of the time"
+    if loader + copy >= INPUT_BOUND and (idle is None or idle >= INPUT_BOUND):
+        text += (
+            f", host waiting for the loader {100 * loader:.0f}% and copying to the device "
+            f"{100 * copy:.0f}% of the time"
+        )
     return text

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ class Trainer:
         """Train to the end of the run, or until a stop request; returns the run summary."""
         self.stop.install()
         self.profiler.start()
+        ended = False  # every rank came out of the loop: they can still exchange a profile
         try:
             while self.step < self.total_steps and not self.stopped:
                 self.run_epoch()
@@ -104,10 +106,11 @@ class Trainer:
                     self.run_dir,
                     self.run_dir,
                 )
+            ended = True
         except torch.cuda.OutOfMemoryError:
             raise self.out_of_memory() from None
         finally:
-            self.close()
+            self.close(ended)
         return self.finish()
 
     def run_epoch(self) -> None:
@@ -131,8 +134,8 @@ class Trainer:
             )
             self.size = size
             self.resized = (self.step, time.perf_counter())
-        for batches, data_wait in self.batches(epoch, in_epoch):
-            self.train_step(batches, data_wait)
+        for batches, waits in self.batches(epoch, in_epoch):
+            self.train_step(batches, *waits)
             agreed = self.step % r.log_every == 0 and self.log(epoch)
             if r.ckpt_every_steps and self.step % r.ckpt_every_steps == 0:
                 self.save()
@@ -151,19 +154,21 @@ class Trainer:
                 self.evaluate(epoch)
             self.save()
 
-    def batches(self, epoch: int, in_epoch: int) -> Iterator[tuple[list, float]]:
-        """Each remaining step's micro-batches, with the host's wait for them in seconds."""
+    def batches(self, epoch: int, in_epoch: int) -> Iterator[tuple[list, tuple[float, float]]]:
+        """Each remaining step's micro-batches, with the host's seconds getting them: waiting for
+        the loader, and copying them to the device."""
         accum = self.cfg.train.accum_steps
         loader = self.built.data.train
         loader.set_epoch(epoch, in_epoch * accum)
         it = iter(loader)
         for _ in range(in_epoch, self.plan.steps_in(epoch)):
-            t0 = time.perf_counter()
+            t0, copied = time.perf_counter(), loader.copy_clock.seconds
             with span("fasttrain.data"):
                 batches = [next(it) for _ in range(accum)]
-            yield batches, time.perf_counter() - t0
+            copy_in = loader.copy_clock.seconds - copied
+            yield batches, (time.perf_counter() - t0 - copy_in, copy_in)
 
-    def train_step(self, batches: list, data_wait: float) -> None:
+    def train_step(self, batches: list, loader_wait: float, copy_in: float) -> None:
         self.lr = self.training.schedule.lr_at(self.step)  # for the log; the step sets its own
         if self.step == self.start_step and self.cfg.train.compile:
             log.info(
@@ -180,7 +185,7 @@ class Trainer:
             self.training.step(batches, self.meter, self.step)
         self.profiler.step()
         self.step += 1
-        self.metrics.step_done(self.plan.global_batch(self.epoch), data_wait)
+        self.metrics.step_done(self.plan.global_batch(self.epoch), loader_wait, copy_in)
         if self.step == self.start_step + 1:
             self.first_step_done(t_step)
         elif self.resized is not None and self.step == self.resized[0] + 1:
@@ -302,9 +307,9 @@ class Trainer:
             f"batch; {kept}"
         )
 
-    def close(self) -> None:
-        """After the loop, or a fault: the loaders' workers, the last interval (if it has
-        landed), the profile."""
+    def close(self, ended: bool) -> None:
+        """After the loop (``ended``), or a fault: the loaders' workers, the last interval (if it
+        has landed), the profile (every rank's after the loop, this rank's after a fault)."""
         self.stop.uninstall()
         for loader in (self.built.data.train, self.built.data.val):
             if loader is not None:
@@ -315,8 +320,9 @@ class Trainer:
             log.debug("the last log interval could not be read: %s", e)
         self.profiler.stop()
         if self.profiler.enabled:
+            gather = partial(self.dist.all_gather_object, what="the ranks' profiles")
             self.summary["profile"] = report_profile(
-                self.profiler, self.metrics.log_profile, self.step
+                self.profiler, self.metrics.log_profile, self.step, gather if ended else None
             )
         self.metrics.close()
 

@@ -118,103 +118,17 @@ kernel_split = importlib.util.module_from_spec(SPLIT)
 SPLIT.loader.exec_module(kernel_split)
 
 
-def test_kernel_split_classifies_a_traces_kernels_per_step(tmp_path, monkeypatch, capsys):
-    def k(name, us, cat="kernel"):
-        return {"cat": cat, "name": name, "dur": us}
-
-    trace = {
-        "traceEvents": [
-            {"cat": "user_annotation", "name": "ProfilerStep#4"},
-            {"cat": "user_annotation", "name": "ProfilerStep#5"},
-            k("triton_red_fused__native_batch_norm_legit_functional_0", 3000),
-            k("triton_poi_fused_add_relu_1", 1000),
-            k("sm90_xmma_fprop_implicit_gemm_f16f16_f32f32", 2000),
-            k("sm90_xmma_gemm_f16f16_f32", 400),
-            k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 500),
-            k("Memcpy DtoD (Device -> Device)", 100, cat="gpu_memcpy"),
-            k("void at::native::vectorized_elementwise_kernel", 1000),
-            {"cat": "cpu_op", "name": "aten::conv2d", "dur": 9999},  # host work: not counted
-        ]
-    }
-    steps, by_class, _ = kernel_split.split(trace)
-    assert steps == 2
-    assert by_class == {
-        "inductor / Triton": 4.0,
-        "convolution (cuDNN)": 2.0,
-        "matmul (cuBLAS)": 0.4,
-        "communication (NCCL)": 0.5,
-        "copies and fills": 0.1,
-        "other kernels": 1.0,
-    }
-    path = tmp_path / "rank0.1.pt.trace.json.gz"
+def test_kernel_split_prints_a_gzipped_traces_tables(tmp_path, monkeypatch, capsys):
     import gzip
 
+    from tests.metrics.test_kernels import two_steps
+
+    path = tmp_path / "rank0.1.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:
-        json.dump(trace, f)
+        json.dump(two_steps(), f)
     monkeypatch.setattr("sys.argv", ["kernel_split.py", str(path), "--top", "2"])
     kernel_split.main()
     text = capsys.readouterr().out
     assert "2 profiled steps, 4.00 ms of GPU work per step" in text
-    assert "| inductor / Triton | 2.00 | 50.0% |" in text
-
-
-def test_kernel_split_leaves_out_kernels_launched_before_the_profiled_steps():
-    """The host runs ahead of the GPU: a graphed step's trace also records the replay launched
-    before profiling began, still running. Counted, it inflated every per-step figure by a third
-    (four replays' kernels divided by three steps)."""
-
-    def launch(corr, ts):
-        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": 5,
-                "args": {"correlation": corr}}  # fmt: skip
-
-    def kernel(name, corr, ts, us):
-        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": us,
-                "args": {"correlation": corr}}  # fmt: skip
-
-    def step(n, ts):
-        return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts,
-                "dur": 100}  # fmt: skip
-
-    trace = {
-        "traceEvents": [
-            launch(7, 50),  # the replay before profiling began (its launch may be missing too)
-            step(2, 200),
-            launch(8, 210),
-            step(3, 300),
-            launch(9, 310),
-            kernel("triton_poi_fused_add_relu_1", 7, 400, 1000),
-            kernel("triton_poi_fused_add_relu_1", 6, 1400, 1000),  # launched before the trace
-            kernel("triton_poi_fused_add_relu_1", 8, 2400, 1000),
-            kernel("sm90_xmma_fprop_implicit_gemm", 8, 3400, 2000),
-            kernel("triton_poi_fused_add_relu_1", 9, 5400, 1000),
-            kernel("sm90_xmma_fprop_implicit_gemm", 9, 6400, 2000),
-        ]
-    }
-    steps, by_class, by_name = kernel_split.split(trace)
-    assert steps == 2
-    assert by_class == {"inductor / Triton": 2.0, "convolution (cuDNN)": 4.0}
-    assert by_name["triton_poi_fused_add_relu_1"] == 2.0
-    for e in trace["traceEvents"]:  # without correlation ids every kernel counts
-        e.pop("args", None)
-    assert kernel_split.split(trace)[1] == {"inductor / Triton": 4.0, "convolution (cuDNN)": 4.0}
-
-
-def test_e2e_makes_the_paths_it_hands_the_trainer_absolute(tmp_path, monkeypatch):
-    """Runs start in their output directory: a recipe named relative to the caller's would not
-    be found there."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "r.yaml").write_text("train: {}\n")
-    got = e2e.absolute_paths(["--config", "r.yaml", "--epochs", "8", "--data=r.yaml", "--resume",
-                              "auto"])  # fmt: skip
-    assert got == ["--config", str(tmp_path / "r.yaml"), "--epochs", "8",
-                   f"--data={tmp_path / 'r.yaml'}", "--resume", "auto"]  # fmt: skip
-
-
-def test_variants_only_leaves_the_plain_flags_out():
-    given = ["plain=--no-fused-bn", "fused=--fused-bn on"]
-    assert e2e.parse_variants(given, only=False) == [
-        ("", []),
-        ("plain", ["--no-fused-bn"]),
-        ("fused", ["--fused-bn", "on"]),
-    ]
-    assert e2e.parse_variants(given, only=True)[0] == ("plain", ["--no-fused-bn"])
+    assert "| Triton (BN, elementwise) | 2.00 | 50.0% |" in text
+    assert text.count("| `") == 2

@@ -36,7 +36,7 @@ def test_the_log_records_the_scale_and_the_skipped_updates(tmp_path):
         meter.add_device(torch.tensor(1.0), torch.tensor(1.0), 2)
         meter.samples += 2
         meter.add_update(torch.tensor([1024.0]), torch.tensor([after]))
-        metrics.step_done(2, 0.0)
+        metrics.step_done(2, 0.0, 0.0)
         logged = metrics.log_train(step, 0, meter, 0.1)
     metrics.close()
     record = logged[-1].record

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -58,7 +54,9 @@ def hand_made_trace() -> dict:
 
     step 1, GPU window [0, 700): compute [100, 400) and [600, 700); NCCL [300, 500) on another
     stream, 100 of it under compute; memcpy [50, 120), 50 of it alone; host data wait [0, 30); a
-    stream synchronize [900, 950). So compute 400, NCCL exposed 100, memcpy alone 50, idle 150.
+    stream synchronize [900, 950); the copy to the device [18, 30) inside the data wait, and
+    a copy into the graph's inputs [600, 620) outside it. So compute 400, NCCL exposed 100,
+    memcpy alone 50, idle 150; the host waited 18 for the loader and copied for 12.
     step 2, GPU window [700, 1960): three kernels launched by a graph replay back to back
     [1000, 1900), a memset alone [1950, 1960). So compute 900, memory alone 10, idle 350.
     step 3 launches nothing: its window runs on to its host window's end, [1960, 3000), idle.
@@ -69,6 +67,8 @@ def hand_made_trace() -> dict:
         cpu("ProfilerStep#2", "user_annotation", 1000, 1000),
         cpu("ProfilerStep#3", "user_annotation", 2000, 1000),  # HTA drops the last iteration
         cpu("fasttrain.data", "user_annotation", 0, 30),
+        cpu("fasttrain.copy_in", "user_annotation", 18, 12),  # the loader's copy to the device
+        cpu("fasttrain.copy_in", "user_annotation", 600, 20),  # the graph's inputs: not data
         cpu("cudaStreamSynchronize", "cuda_runtime", 900, 50),
         *gpu("sm90_xmma_gemm_bf16", "kernel", 100, 300, launched=35),
         *gpu("triton_poi_fused_relu_0", "kernel", 600, 100, launched=40),
@@ -93,7 +93,8 @@ def test_breakdown_classifies_a_hand_made_trace_exactly():
     assert s1.comm == pytest.approx(0.2) and s1.comm_exposed == pytest.approx(0.1)
     assert s1.memory == pytest.approx(0.07) and s1.memory_exposed == pytest.approx(0.05)
     assert s1.idle == pytest.approx(0.15)
-    assert s1.host_data_wait == pytest.approx(0.03) and s1.host_sync == pytest.approx(0.05)
+    assert s1.host_loader_wait == pytest.approx(0.018) and s1.host_copy_in == pytest.approx(0.012)
+    assert s1.host_sync == pytest.approx(0.05) and s2.host_copy_in == s2.host_loader_wait == 0
     assert s2.compute == pytest.approx(0.9) and s2.memory_exposed == pytest.approx(0.01)
     assert s2.idle == pytest.approx(0.35) and s2.comm == 0
 
@@ -131,6 +132,7 @@ def test_profile_summary_command_recomputes_from_saved_traces(tmp_path, capsys):
     assert main(["profile-summary", str(tmp_path), "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "mean of 2 steps after the first" in text and "NCCL, not overlapped" in text
+    assert f"  rank 0: {tmp_path / 'rank0.1.pt.trace.json'}" in text.splitlines()
     saved = json.loads(out.read_text())
     assert saved[0]["mean_ms"]["compute"] == pytest.approx(0.9 / 2)  # steps 2 and 3
     assert len(saved[0]["steps"]) == 3
@@ -157,21 +159,6 @@ def test_holistic_trace_analysis_agrees_on_the_same_trace(tmp_path):
     assert row["non_compute_time(us)"] == pytest.approx(ours_busy - ours_compute, abs=1)
 
 
-@pytest.fixture(scope="module")
-def profiled_cpu_run(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A profiled CPU run, in a process of its own so that what torch's C++ side prints is
-    seen; its folder and its completed process."""
-    out = tmp_path_factory.mktemp("profiled") / "p"
-    flags = ["--profile", "--profile-wait", "2", "--profile-warmup", "1", "--profile-active", "3"]
-    done = subprocess.run(
-        [sys.executable, "-m", "fasttrain", "--data", str(tiny_data), *FAST, "--max-steps", "8",
-         "--eval-every", "0", "--output-dir", str(out), *flags],
-        cwd=out.parent, capture_output=True, text=True, timeout=600,
-        env={k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"},
-    )  # fmt: skip
-    return out, done
-
-
 @pytest.mark.slow
 def test_profiled_cpu_run_writes_quiet_traces_and_a_breakdown(profiled_cpu_run):
     """A CPU run records quietly (no kineto start/stop lines, no failed GPU count, no metadata
@@ -188,6 +175,9 @@ def test_profiled_cpu_run_writes_quiet_traces_and_a_breakdown(profiled_cpu_run):
     assert {"ProfilerStep#3", "ProfilerStep#5", "fasttrain.data", "fasttrain.step"} <= names
     s = summarize(traces[0])
     assert len(s["steps"]) == 3 and s["device"] == "cpu" and s["residual_ms"] < 1e-6
+    for step in s["steps"]:  # the copy to the device is inside the data range, and apart from it
+        assert step["host_copy_in"] > 0 and step["host_loader_wait"] >= 0
+        assert step["idle"] == pytest.approx(step["host_loader_wait"] + step["host_sync"])
     saved = json.loads((out / "profile" / "breakdown-rank0.json").read_text())
     assert saved["mean_ms"]["total"] == pytest.approx(s["mean_ms"]["total"])
     assert "step time breakdown, rank 0" in (out / "log-rank0.txt").read_text()
@@ -200,7 +190,8 @@ def test_tensorboards_profiler_plugin_loads_the_run(profiled_cpu_run, tmp_path):
     """Load the run the way TensorBoard's PyTorch Profiler plugin does (its RunLoader, with its
     cache): it lists this rank and the views a CPU trace has."""
     pytest.importorskip(
-        "torch_tb_profiler", reason="the profile extra is not installed: pip install -e .[profile]"
+        "torch_tb_profiler",
+        reason="the profile-plugin extra is not installed: pip install -e .[profile-plugin]",
     )
     from torch_tb_profiler import io
     from torch_tb_profiler.profiler.loader import RunLoader

@@ -71,7 +71,8 @@ def test_tiny_run_learns_and_writes_its_run_directory(run, tiny_data, tmp_path):
         "train/lr",
         "perf/img_per_s",
         "perf/img_per_s_per_gpu",
-        "perf/data_wait_frac",
+        "perf/loader_wait_frac",
+        "perf/copy_in_frac",
         "val/top1",
         "val/top5",
     } <= tags
@@ -107,7 +108,7 @@ def test_a_log_step_writes_the_interval_before_it_and_log_sync_writes_its_own(tm
         for step in range(1, 31):
             meter.add_device(torch.tensor(float(step)), torch.tensor(2.0), 4)
             meter.samples += 4
-            metrics.step_done(4, 0.0)
+            metrics.step_done(4, 0.0, 0.0)
             if step % 10 == 0:
                 logged = metrics.log_train(step, 0, meter, 0.1, stop=step == 20)
                 written[sync].append([(e.record["step"], e.stop) for e in logged])
@@ -148,8 +149,9 @@ class _Mark:
 
 def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
     """On a GPU an interval is timed by events, over less time than the host spent in it when the
-    host runs ahead: data-wait is a share of the host's own time (at most the 10 ms it waited
-    of the 20+ ms it slept here, not 200% of a 5 ms GPU interval). The GPU's idle share is the
+    host runs ahead: the loader wait and the copy-in are shares of the host's own time (at most
+    the 10 and 5 ms it spent on them of the 20+ ms it slept here, not 200% of a 5 ms GPU
+    interval), and each says its own per-step figure. The GPU's idle share is the
     interval less its steps' GPU time: 10 steps of 0.3 and 0.5 ms in turn in 5 ms, 20% idle, and
     their spread 0.1 ms. A step outside any interval (the first, which compiles) is not counted
     in the next one's GPU time."""
@@ -166,15 +168,17 @@ def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
         time.sleep(0.002)
         meter.add_device(torch.tensor(1.0), torch.tensor(1.0), 4)
         meter.samples += 4
-        metrics.step_done(4, 0.001)
+        metrics.step_done(4, 0.001, 0.0005)
         timer.pairs.append((_Mark(step), _Mark(step + (0.3 if step % 2 else 0.5))))
     metrics.log_train(10, 0, meter, 0.1)
     (logged,) = metrics.settle()
     metrics.close()
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert record == logged.record
-    assert 0 < record["data_wait_frac"] <= 0.5
-    assert record["data_wait_ms"] == pytest.approx(1.0)
+    assert 0 < record["loader_wait_frac"] <= 0.5 and 0 < record["copy_in_frac"] <= 0.25
+    assert record["loader_wait_frac"] == pytest.approx(2 * record["copy_in_frac"])
+    assert record["loader_wait_ms"] == pytest.approx(1.0)
+    assert record["copy_in_ms"] == pytest.approx(0.5)
     assert record["gpu_step_ms"] == pytest.approx(0.4)
     assert record["gpu_step_ms_sd"] == pytest.approx(0.1)
     assert record["gpu_idle_frac"] == pytest.approx(0.2)
@@ -182,18 +186,23 @@ def test_data_wait_is_the_hosts_share_and_gpu_idle_the_gpus(tmp_path):
 
 def test_the_progress_line_names_the_loader_only_when_the_run_waits_for_it():
     """A graphed run with DALI: the host waits in the loader almost all the time while the GPU
-    is busy, which is not a bottleneck and is not shown. A starved GPU shows the loader's share;
-    so does the CPU (no GPU figures), where the host itself does the work."""
-    busy = {"gpu_idle_frac": 0.002, "data_wait_frac": 0.98, "gpu_step_ms": 36.94}
+    is busy, which is not a bottleneck and is not shown. A starved GPU shows the host's time
+    getting data, the loader's wait and the copy to the device apart; so does the CPU (no GPU
+    figures), where the host itself does the work."""
+    busy = {"gpu_idle_frac": 0.002, "loader_wait_frac": 0.97, "copy_in_frac": 0.01}
+    busy["gpu_step_ms"] = 36.94
     assert progress_text(7250.4, busy) == "7,250 img/s, GPU busy 99.8% (36.9 ms/step)"
-    starved = {"gpu_idle_frac": 0.3, "data_wait_frac": 0.6, "gpu_step_ms": 30.0}
+    starved = {"gpu_idle_frac": 0.3, "loader_wait_frac": 0.6, "copy_in_frac": 0.05}
+    starved["gpu_step_ms"] = 30.0
     assert progress_text(5000, starved) == (
-        "5,000 img/s, GPU busy 70.0% (30.0 ms/step), waiting for data 60% of the time"
+        "5,000 img/s, GPU busy 70.0% (30.0 ms/step), host waiting for the loader 60% and "
+        "copying to the device 5% of the time"
     )
-    cpu = {"gpu_idle_frac": None, "data_wait_frac": 0.02, "gpu_step_ms": None}
+    cpu = {"gpu_idle_frac": None, "loader_wait_frac": 0.01, "copy_in_frac": 0.02}
+    cpu["gpu_step_ms"] = None
     assert progress_text(123, cpu) == "123 img/s"
-    assert progress_text(123, {**cpu, "data_wait_frac": 0.4}).endswith(
-        "waiting for data 40% of the time"
+    assert progress_text(123, {**cpu, "copy_in_frac": 0.4}).endswith(
+        "host waiting for the loader 1% and copying to the device 40% of the time"
     )
 
 
