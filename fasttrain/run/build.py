@@ -21,6 +21,7 @@ from fasttrain.data.loader import Data, Loader
 from fasttrain.dist.parallel import wrap_model
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
+from fasttrain.metrics.startup import Startup
 from fasttrain.model.build import build_configured_model
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
@@ -158,9 +159,15 @@ def build_training(
     return Training(model, net, schedule, optimizer, criterion, scaler, step, ema, mixer, eraser)
 
 
-def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Built:
+def build(
+    cfg: Config,
+    dist: DistState,
+    loader_state: dict | None = None,
+    startup: Startup | None = None,
+) -> Built:
     """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
-    auto`` is measured before this). ``loader_state`` resumes the train loader."""
+    auto`` is measured before this). ``loader_state`` resumes the train loader; ``startup``
+    marks the data's and the model's time."""
     t, parsed = cfg.train, cfg.typed
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
@@ -180,6 +187,8 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         loader_state=loader_state,
         batches=loader_batches,
     )
+    if startup is not None:
+        startup.mark("data: scan and loader")
     plan = epoch_plan(cfg, data.train, loader_batch, loader_batches, dist.world_size)
     training = build_training(
         cfg, dist, num_classes=data.num_classes, plan=plan, fixed_inputs=data.train.fixed_buffers
@@ -190,6 +199,8 @@ def build(cfg: Config, dist: DistState, loader_state: dict | None = None) -> Bui
         if training.ema is not None:
             ema_evaluator = build_evaluator(cfg, dist, training.ema.module, loader_batch)
     gpus = dist.world_size * replicas
+    if startup is not None:
+        startup.mark("model and optimizer")
     return Built(data, training, evaluator, loader_batch, gpus, plan, ema_evaluator)
 
 

@@ -11,12 +11,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fasttrain.config import Config
 from fasttrain.config.cli import save_resolved
 from fasttrain.config.resolution import format_batch_sizes
 from fasttrain.dist.parallel import ddp_description
 from fasttrain.dist.state import DistState
 from fasttrain.metrics.profiling import configure
+from fasttrain.metrics.startup import Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built, build
@@ -28,17 +31,24 @@ log = logging.getLogger("fasttrain")
 
 
 def set_up(
-    cfg: Config, dist: DistState, run_dir: Path, resumed: tuple[str, dict[str, Any]] | None
+    cfg: Config,
+    dist: DistState,
+    run_dir: Path,
+    resumed: tuple[str, dict[str, Any]] | None,
+    startup: Startup,
 ) -> tuple[Built, int]:
     """Everything between the run directory and the first step: backends and seeds, the batch
-    size, the parts (``builder.build``), the resume, the folder's lineage. Returns the parts and
-    the step to start from."""
+    size, the parts (``builder.build``), the resume, the folder's lineage, each phase marked in
+    ``startup``. Returns the parts and the step to start from."""
     t = cfg.train
     if cfg.run.resume == "auto" and resumed is None:
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device, t.strategy, t.deterministic)
+    if dist.device.type == "cuda":
+        torch.empty(0, device=dist.device)  # CUDA's context, now, so that its start is timed
+    startup.mark("imports, settings, checks and CUDA start")
     seed_everything(t.seed)
     if t.batch_size is None:
         from fasttrain.run.autobatch import auto_batch_size
@@ -52,7 +62,7 @@ def set_up(
     loader_state = (
         resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
-    built = build(cfg, dist, loader_state)
+    built = build(cfg, dist, loader_state, startup)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
@@ -84,6 +94,7 @@ def set_up(
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")
     log_setup(cfg, dist, built, step)
+    startup.mark("weights, resume and the run directory")
     return built, step
 
 

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from fasttrain.metrics.log import Metrics
 from fasttrain.metrics.meter import DeviceMeter, StepTimer, peak_memory_gib
 from fasttrain.metrics.profiling import RunProfiler, report_profile, span
 from fasttrain.metrics.rates import rates_by
+from fasttrain.metrics.startup import Heartbeat, Startup, describe
+from fasttrain.model.cudnn.graph import selection_cost
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built
@@ -41,14 +44,17 @@ class Trainer:
     """One run's loop and its cadences: log every ``--log-every`` steps, evaluate and checkpoint
     at each epoch's end (and every ``--ckpt-every-steps``), stop when asked."""
 
-    def __init__(self, cfg: Config, dist: DistState, built: Built, start_step: int, t_start: float):
+    def __init__(
+        self, cfg: Config, dist: DistState, built: Built, start_step: int, startup: Startup
+    ):
         self.cfg, self.dist, self.built = cfg, dist, built
         self.training = built.training
         self.run_dir = Path(cfg.run.output_dir)
         self.step = self.start_step = start_step
         self.plan = built.plan  # each epoch's steps and global batch
         self.total_steps = total_steps(cfg, self.training)
-        self.t_start = t_start
+        self.startup, self.t_start = startup, startup.t_start
+        self.cudnn_s = selection_cost()["seconds"]  # cuDNN's plans timed before the first step
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
         self.metrics = Metrics(
             self.run_dir,
@@ -177,7 +183,9 @@ class Trainer:
                 self.cfg.train.compile_mode,
             )
         t_step = time.perf_counter()
+        first = self.step == self.start_step and self.dist.is_main
         with (
+            Heartbeat("first step", self.t_start) if first else nullcontext(),
             self.dist.collective("the training step (DDP's gradient all_reduce)"),
             self.timer.step(),
             span("fasttrain.step"),
@@ -198,12 +206,15 @@ class Trainer:
         now = time.perf_counter()
         self.summary["time_to_first_step_s"] = now - self.t_start
         self.summary["first_step_s"] = now - t_step  # compile and autotuning, if any
+        cudnn = {"cuDNN plans": selection_cost()["seconds"] - self.cudnn_s}
+        self.summary["startup"] = self.startup.first_step(now - t_step, cudnn)
         log.info(
             "first step done %.1f s after start; the step itself took %.1f s%s",
             self.summary["time_to_first_step_s"],
             self.summary["first_step_s"],
             " (compiling it, and tuning if on)" if self.cfg.train.compile else "",
         )
+        log.info("%s", describe(self.summary["startup"]))
         self.metrics.restart_interval()
 
     def first_resized_step_done(self) -> None:
@@ -370,12 +381,15 @@ class Trainer:
             if self.last_eval:
                 parts.append(f"val top1 {self.last_eval['top1']:.2f}%")
             log.info("done: %s | %s", " | ".join(parts), self.run_dir)
+            if "startup" in self.summary:
+                log.info("%s", describe(self.summary["startup"]))
         return self.summary
 
 
 def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
     """Set up the run ``cfg`` describes and train it; returns the run summary."""
     t_start = time.perf_counter() if t_start is None else t_start
+    startup = Startup(t_start)
     # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
     # restores when it is built)
     resumed = ckpt.find_resume(cfg.run)
@@ -390,7 +404,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         return {"steps": step, "complete": True}
     folder = open_run_folder(cfg, dist)  # this run's from here on: its lock is taken
     try:  # until training starts, a bad input leaves no run folder behind
-        built, step = set_up(cfg, dist, folder.path, resumed)
+        built, step = set_up(cfg, dist, folder.path, resumed, startup)
     except UserError:
         folder.discard(dist)
         raise
@@ -398,6 +412,6 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
         folder.release()
         raise
     try:
-        return Trainer(cfg, dist, built, step, t_start).fit()
+        return Trainer(cfg, dist, built, step, startup).fit()
     finally:
         folder.release()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,26 @@ def handle(device: torch.device) -> Any:
     return _handles[index]
 
 
+_selecting = {"seconds": 0.0, "graphs": 0, "plans": 0}  # what select_fastest has cost so far
+
+
+def selection_cost() -> dict[str, float]:
+    """Seconds spent in ``select_fastest`` so far in this process, and the graphs and plans it
+    built: the cuDNN part of a run's start-up."""
+    return dict(_selecting)
+
+
 def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = None) -> None:
+    """``_select_fastest``, timed (``selection_cost``)."""
+    t0 = time.perf_counter()
+    try:
+        _selecting["plans"] += _select_fastest(graph, run, limit)
+    finally:
+        _selecting["seconds"] += time.perf_counter() - t0
+        _selecting["graphs"] += 1
+
+
+def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> int:
     """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
     and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
     the fastest that also captures in a CUDA graph, as ``cudnn.benchmark`` does for torch's
@@ -55,13 +75,14 @@ def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = N
     be timed: the heuristics' first plan that builds is kept."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
-        return
-    best, best_ms, tried = None, float("inf"), 0
+        return 0
+    best, best_ms, tried, built = None, float("inf"), 0, 0
     for index in range(graph.get_execution_plan_count()):
         if limit is not None and tried >= limit:
             break
         try:
             graph.build_plan_at_index(index)
+            built += 1
         except Exception:  # a declined engine: try the next
             continue
         workspace = graph.get_workspace_size()
@@ -88,6 +109,7 @@ def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = N
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
+    return built + 1
 
 
 def _captures(run: Callable[[int], None], workspace: int) -> bool:

@@ -1,0 +1,192 @@
+"""Where the time to the first step goes, and what the run is doing while it waits.
+
+``Startup`` marks the phases from the start of ``main`` (the interpreter's own start, about 0.2 s,
+is before it) to the end of the first step: the imports, settings (and cuDNN's start-up probe)
+and CUDA's start, the data (scan, loader or DALI pipeline), the model, and the first step
+itself. The first step is split further with what
+torch records of its compiles (``torch._dynamo.utils.get_compilation_metrics``: dynamo's trace,
+AOT autograd, inductor, Triton's compile, kernel tuning), fasttrain's own cuDNN plan selection
+and the CUDA graph's warm-up and capture; what none of them covers is "other". The parts sum to
+the time to the first step.
+
+``Heartbeat`` logs every ``every`` seconds while the first step runs: the phase it is in, read
+from the main thread's stack (a compile is one long call with no progress of its own), so a
+start-up that takes minutes never goes silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, fields
+from typing import Any
+
+log = logging.getLogger("fasttrain")
+
+
+# torch's compile metrics, in microseconds, summed over every compiled graph. The fields nest
+# (dynamo's time holds AOT autograd's, which holds inductor's, which holds Triton's compile and
+# compile-time tuning), so each part is a field less the one inside it.
+COMPILE_FIELDS = (
+    "dynamo_cumulative_compile_time_us",
+    "aot_autograd_cumulative_compile_time_us",
+    "inductor_cumulative_compile_time_us",
+    "triton_compile_time_us",
+    "compile_time_autotune_time_us",
+    "runtime_triton_autotune_time_us",
+    "backward_cumulative_compile_time_us",
+)
+
+
+def compile_totals() -> dict[str, float]:
+    """torch's compile metrics so far, in seconds, summed over the graphs compiled (zeros where
+    this torch does not record a field); with the FX graph cache's hits and misses."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:
+        return {}
+    out = dict.fromkeys(COMPILE_FIELDS, 0.0)
+    out.update(fx_cache_hits=0.0, fx_cache_misses=0.0)
+    for m in get_compilation_metrics():
+        known = {f.name for f in fields(m)}
+        values = asdict(m)
+        for name in COMPILE_FIELDS:
+            if name in known and values[name]:
+                out[name] += values[name] / 1e6
+        out["fx_cache_hits"] += values.get("inductor_fx_local_cache_hit_count") or 0
+        out["fx_cache_misses"] += values.get("inductor_fx_local_cache_miss_count") or 0
+    return out
+
+
+def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The compile's parts between two ``compile_totals`` readings, each exclusive of the
+    others (module notes). The backward graph compiles at the first backward, outside dynamo's
+    frame: its AOT autograd and inductor times are counted, and its own total beside them."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COMPILE_FIELDS}
+    tuning_compile = d["compile_time_autotune_time_us"]
+    inductor = max(0.0, d["inductor_cumulative_compile_time_us"])
+    aot = max(0.0, d["aot_autograd_cumulative_compile_time_us"])
+    dynamo = max(0.0, d["dynamo_cumulative_compile_time_us"])
+    forward_aot = max(0.0, aot - d["backward_cumulative_compile_time_us"])
+    return {
+        "dynamo trace": max(0.0, dynamo - forward_aot),
+        "AOT autograd": max(0.0, aot - inductor),
+        "inductor codegen": max(0.0, inductor - d["triton_compile_time_us"] - tuning_compile),
+        "Triton compile": d["triton_compile_time_us"],
+        "kernel tuning": tuning_compile + d["runtime_triton_autotune_time_us"],
+    }
+
+
+class Startup:
+    """The phases to the first step (module notes); ``mark`` ends one."""
+
+    def __init__(self, t_start: float):
+        self.t_start = t_start
+        self.parts: dict[str, float] = {}
+        self.last = t_start
+        self.compile_before = compile_totals()
+
+    def mark(self, name: str) -> None:
+        """The phase since the last mark is ``name``."""
+        now = time.perf_counter()
+        self.parts[name] = self.parts.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def first_step(self, seconds: float, inner: dict[str, float]) -> dict[str, Any]:
+        """The first step took ``seconds`` (ending now); ``inner``: what fasttrain timed inside
+        it (cuDNN plans, the CUDA graph's warm-up and capture). Returns the report: each part in
+        seconds, summing to ``total_s``, and the compile cache's hits."""
+        now = time.perf_counter()
+        self.mark("before the first step")
+        self.parts["before the first step"] -= seconds  # the step's own time is split below
+        totals = compile_totals()
+        step = {**compile_parts(self.compile_before, totals), **inner}
+        step = {k: v for k, v in step.items() if v > 0}
+        known = sum(step.values())
+        step["first step, other"] = max(0.0, seconds - known)
+        parts = {k: v for k, v in self.parts.items() if v > 0.0005} | step
+        total = now - self.t_start
+        hits = totals.get("fx_cache_hits", 0) - self.compile_before.get("fx_cache_hits", 0)
+        misses = totals.get("fx_cache_misses", 0) - self.compile_before.get("fx_cache_misses", 0)
+        return {
+            "total_s": total,
+            "parts_s": {k: round(v, 3) for k, v in parts.items()},
+            "fx_graph_cache": {"hits": int(hits), "misses": int(misses)},
+        }
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One line: the parts of the time to the first step, largest first."""
+    parts = sorted(report["parts_s"].items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{k} {v:.1f} s" for k, v in parts if v >= 0.05)
+    cache = report["fx_graph_cache"]
+    graphs = f"; inductor's FX graph cache: {cache['hits']} hits, {cache['misses']} misses"
+    return f"start-up {report['total_s']:.1f} s: {shown}{graphs if sum(cache.values()) else ''}"
+
+
+# (phase, path fragments of a frame's file, function-name fragments or None for any), most
+# specific first: a stack holding several is in the first that matches
+PHASES = (
+    ("tuning Triton kernels", ("coordinate_descent_tuner",), None),
+    ("tuning Triton kernels", ("triton_heuristics",), ("autotune", "benchmark", "coordesc")),
+    ("autotuning kernel choices", ("select_algorithm", "autotune_process"), None),
+    ("compiling Triton kernels", ("async_compile", "/triton/compiler"), None),
+    ("building and timing cuDNN plans", ("fasttrain/model/cudnn/",), None),
+    ("capturing the CUDA graph", ("torch/cuda/graphs.py",), None),
+    ("inductor: lowering and code generation", ("torch/_inductor/",), None),
+    ("AOT autograd", ("torch/_functorch/",), None),
+    ("dynamo: tracing the step", ("torch/_dynamo/",), None),
+)
+
+
+def phase_of(frame: Any) -> str:
+    """What a thread is doing, from its stack (innermost ``frame``): its most specific phase."""
+    found: set[int] = set()
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        name = frame.f_code.co_name
+        for i, (_, paths, names) in enumerate(PHASES):
+            if any(p in path for p in paths) and (names is None or any(n in name for n in names)):
+                found.add(i)
+        frame = frame.f_back
+    return PHASES[min(found)][0] if found else "running the step"
+
+
+class Heartbeat:
+    """Logs what the main thread is doing every ``every`` seconds until ``stop`` (module
+    notes)."""
+
+    def __init__(self, what: str, t_start: float, every: float = 10.0):
+        self.what, self.t_start, self.every = what, t_start, every
+        self.main = threading.main_thread().ident
+        self.done = threading.Event()
+        self.since = time.perf_counter()
+        self.phase, self.phase_since = "", self.since
+        self.thread = threading.Thread(target=self._run, name="fasttrain-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def beat(self) -> str:
+        """The line for now."""
+        now = time.perf_counter()
+        frame = sys._current_frames().get(self.main)
+        phase = phase_of(frame) if frame is not None else "running"
+        if phase != self.phase:
+            self.phase, self.phase_since = phase, now
+        return (
+            f"{self.what}: {phase} for {now - self.phase_since:.0f} s "
+            f"({now - self.since:.0f} s in the step, {now - self.t_start:.0f} s since start)"
+        )
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            log.info("%s", self.beat())
