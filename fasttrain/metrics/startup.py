@@ -128,10 +128,15 @@ def describe(report: dict[str, Any]) -> str:
 
 
 # (phase, path fragments of a frame's file, function-name fragments or None for any), most
-# specific first: a stack holding several is in the first that matches
+# specific first: a stack holding several is in the first that matches. Inductor's runtime
+# (``torch/_inductor/runtime/``) runs the compiled kernels: it is a phase only when it tunes.
 PHASES = (
     ("tuning Triton kernels", ("coordinate_descent_tuner",), None),
-    ("tuning Triton kernels", ("triton_heuristics",), ("autotune", "benchmark", "coordesc")),
+    (
+        "tuning Triton kernels",
+        ("triton_heuristics",),
+        ("autotune", "benchmark", "coordinate_descent"),
+    ),
     ("autotuning kernel choices", ("select_algorithm", "autotune_process"), None),
     ("compiling Triton kernels", ("async_compile", "/triton/compiler"), None),
     ("building and timing cuDNN plans", ("fasttrain/model/cudnn/",), None),
@@ -140,6 +145,7 @@ PHASES = (
     ("AOT autograd", ("torch/_functorch/",), None),
     ("dynamo: tracing the step", ("torch/_dynamo/",), None),
 )
+RUNTIME = "torch/_inductor/runtime/"
 
 
 def phase_of(frame: Any) -> str:
@@ -148,8 +154,12 @@ def phase_of(frame: Any) -> str:
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         name = frame.f_code.co_name
-        for i, (_, paths, names) in enumerate(PHASES):
-            if any(p in path for p in paths) and (names is None or any(n in name for n in names)):
+        for i, (phase, paths, names) in enumerate(PHASES):
+            if not any(p in path for p in paths):
+                continue
+            if phase.startswith("inductor") and RUNTIME in path:
+                continue  # the runtime's own frames are no compile
+            if names is None or any(n in name for n in names):
                 found.add(i)
         frame = frame.f_back
     return PHASES[min(found)][0] if found else "running the step"

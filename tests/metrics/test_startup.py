@@ -1,0 +1,108 @@
+"""Where the time to the first step goes (``metrics/startup.py``): the parts of torch's compile
+metrics, the report's sum, and the heartbeat that names the phase while the first step runs."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import pytest
+
+from fasttrain.metrics import startup
+from fasttrain.metrics.startup import Heartbeat, Startup, compile_parts, describe, phase_of
+
+
+def test_compile_parts_are_each_field_less_the_one_inside_it():
+    """dynamo 10 s holds the forward's AOT autograd (6 s of the 9 s, the backward's 3 s came at
+    the first backward), which holds inductor (7 s), which holds Triton's compile (2 s) and
+    compile-time tuning (1 s); the first run's coordinate descent tuned for 4 s more."""
+    before = dict.fromkeys(startup.COMPILE_FIELDS, 0.0)
+    after = {
+        "dynamo_cumulative_compile_time_us": 10.0,
+        "aot_autograd_cumulative_compile_time_us": 9.0,
+        "backward_cumulative_compile_time_us": 3.0,
+        "inductor_cumulative_compile_time_us": 7.0,
+        "triton_compile_time_us": 2.0,
+        "compile_time_autotune_time_us": 1.0,
+        "runtime_triton_autotune_time_us": 4.0,
+    }
+    parts = compile_parts(before, after)
+    assert parts == {
+        "dynamo trace": 4.0,
+        "AOT autograd": 2.0,
+        "inductor codegen": 4.0,
+        "Triton compile": 2.0,
+        "kernel tuning": 5.0,
+    }
+    assert compile_parts(after, after) == dict.fromkeys(parts, 0.0)
+
+
+def test_the_parts_sum_to_the_time_to_the_first_step(monkeypatch):
+    monkeypatch.setattr(startup, "compile_totals", lambda: {})
+    t0 = time.perf_counter()
+    clock = Startup(t0)
+    time.sleep(0.05)
+    clock.mark("data: scan and loader")
+    time.sleep(0.02)
+    t_step = time.perf_counter()
+    time.sleep(0.1)
+    report = clock.first_step(time.perf_counter() - t_step, {"cuDNN plans": 0.04})
+    parts = report["parts_s"]
+    assert list(parts)[:2] == ["data: scan and loader", "before the first step"]
+    assert parts["data: scan and loader"] == pytest.approx(0.05, abs=0.02)
+    assert parts["cuDNN plans"] == 0.04
+    assert parts["first step, other"] == pytest.approx(0.06, abs=0.02)
+    assert sum(parts.values()) == pytest.approx(report["total_s"], abs=0.005)
+    line = describe(report)
+    assert line.startswith(f"start-up {report['total_s']:.1f} s: first step, other")
+    assert "FX graph cache" not in line  # nothing compiled
+
+
+def _in_file(path: str, source: str) -> dict:
+    """Functions defined as if in ``path`` (a frame's file is what ``phase_of`` reads)."""
+    scope: dict = {}
+    exec(compile(source, path, "exec"), scope)
+    return scope
+
+
+def test_the_phase_is_the_most_specific_on_the_stack():
+    dynamo = _in_file("/site/torch/_dynamo/convert_frame.py", "def compile(f): return f()")
+    inductor = _in_file("/site/torch/_inductor/graph.py", "def lower(f): return f()")
+    tuner = _in_file(
+        "/site/torch/_inductor/runtime/triton_heuristics.py",
+        "def coordinate_descent_tuning(f): return f()\ndef run(f): return f()",
+    )
+
+    def here() -> str:  # the phase, read inside the calls (a returned frame has no caller)
+        return phase_of(sys._getframe())
+
+    assert here() == "running the step"
+    assert dynamo["compile"](here) == "dynamo: tracing the step"
+    assert dynamo["compile"](lambda: inductor["lower"](here)) == (
+        "inductor: lowering and code generation"
+    )
+    tuning = dynamo["compile"](lambda: tuner["coordinate_descent_tuning"](here))
+    assert tuning == "tuning Triton kernels"
+    # the same file, a function that is not tuning: inductor's runtime is no phase of its own
+    assert tuner["run"](here) == "running the step"
+    descent = _in_file(
+        "/site/torch/_inductor/runtime/coordinate_descent_tuner.py", "def f(g): return g()"
+    )
+    assert descent["f"](here) == "tuning Triton kernels"
+
+
+def test_the_heartbeat_says_what_the_first_step_waits_for(caplog):
+    triton = _in_file(
+        "/site/torch/_inductor/async_compile.py",
+        "import time\ndef wait(s): time.sleep(s)",
+    )
+    with (
+        caplog.at_level(logging.INFO, logger="fasttrain"),
+        Heartbeat("first step", time.perf_counter() - 100, every=0.05),
+    ):
+        triton["wait"](0.3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) >= 3, lines
+    assert lines[-1].startswith("first step: compiling Triton kernels for ")
+    assert "s in the step, 10" in lines[-1] and lines[-1].endswith(" s since start)")
