@@ -46,9 +46,7 @@ def test_dali(benchmark, bench_data, hw_load, threads):
     from fasttrain.data.dali import build_dali_loader
 
     samples = scan_folder(bench_data).train
-    loader = build_dali_loader(
-        samples, threads=threads, hw_decoder_load=hw_load, local_rank=0, **common()
-    )
+    loader = build_dali_loader(samples, threads=threads, hw_decoder_load=hw_load, **common())
     run_epochs(benchmark, loader, rounds=3)
 
 

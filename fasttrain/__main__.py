@@ -15,6 +15,7 @@ anywhere becomes one line on stderr and its exit code.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -47,9 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         build_parser().print_help()  # before torch is imported: --help answers at once
         return 0
+    from fasttrain.dist.devices import one_gpu_per_rank
     from fasttrain.dist.state import claim_hardware_queues
 
     claim_hardware_queues()  # before CUDA starts; torchrun's workers inherit it
+    one_gpu_per_rank(os.environ)  # before CUDA starts: each rank compiles for cuda:0
     from fasttrain.commands import unexpected_failure
     from fasttrain.errors import UserError
 

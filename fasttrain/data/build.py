@@ -221,7 +221,6 @@ def _dali(cfg: DataConfig, feed: Feed) -> dict:
         threads=cfg.dali_threads,
         hw_decoder_load=cfg.dali_hw_decoder_load,
         prefetch=cfg.dali_prefetch,
-        local_rank=feed.dist.local_rank,
         **_common(feed),
     )
 

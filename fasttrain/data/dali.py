@@ -54,8 +54,7 @@ class DaliPlace:
     seed: int
     rank: int
     world: int
-    local_rank: int
-    device: torch.device
+    device: torch.device  # the GPU by its index in this process (dist/devices.py)
     channels_last: bool
 
     @property
@@ -117,7 +116,7 @@ class _DaliLoader:
             **kwargs,
             batch_size=batch,
             num_threads=p.threads,
-            device_id=p.local_rank if p.gpu else None,
+            device_id=(p.device.index or 0) if p.gpu else None,
             seed=p.seed + 1,  # one seed everywhere: every reader reshuffles alike
             prefetch_queue_depth=p.prefetch,
             **({"checkpoint": checkpoint} if checkpoint is not None else {}),
@@ -377,7 +376,6 @@ def build_dali_loader(
     seed: int,
     rank: int,
     world: int,
-    local_rank: int,
     device: torch.device,
     channels_last: bool,
     prefetch: int = 4,
@@ -386,8 +384,6 @@ def build_dali_loader(
     """The train or val loader over ``samples``; ``split`` holds what only one of them takes
     (``DaliTrainLoader``'s ``buffers``, ``state``, ``auto_augment``, ``resolution``,
     ``batches``; ``DaliValLoader``'s ``resize``)."""
-    place = DaliPlace(
-        threads, hw_decoder_load, prefetch, seed, rank, world, local_rank, device, channels_last
-    )
+    place = DaliPlace(threads, hw_decoder_load, prefetch, seed, rank, world, device, channels_last)
     loader = DaliTrainLoader if train else DaliValLoader
     return loader(samples, place, image_size=image_size, batch_size=batch_size, **split)

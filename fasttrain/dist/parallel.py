@@ -48,7 +48,7 @@ def wrap_model(model: nn.Module, t: TrainConfig, dist: DistState) -> Wrapped:
     with torch.cuda.stream(side) if side is not None else nullcontext():
         ddp = DistributedDataParallel(
             model,
-            device_ids=[dist.local_rank] if gpu else None,
+            device_ids=[dist.device.index] if gpu else None,
             bucket_cap_mb=ddp_bucket_cap_mb(t, dist),
             gradient_as_bucket_view=True,
             broadcast_buffers=t.broadcast_buffers,

@@ -90,13 +90,16 @@ class DistState:
                 f"WORLD_SIZE / RANK / LOCAL_RANK / LOCAL_WORLD_SIZE must be integers ({e})"
             ) from None
         if device_type == "cuda":
-            if local_rank >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            # several ranks per host each see their own GPU only, as cuda:0 (dist/devices.py)
+            index = 0 if count == 1 else local_rank
+            if index >= count:
                 raise UserError(
-                    f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are "
+                    f"LOCAL_RANK={local_rank} but only {count} GPU(s) are "
                     "visible: start at most one process per GPU (--nproc-per-node)"
                 )
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(index)
+            device = torch.device("cuda", index)
         else:
             device = torch.device("cpu")
         if world > 1 and not tdist.is_initialized():

@@ -32,7 +32,6 @@ def loader(
         seed=seed,
         rank=rank,
         world=world,
-        local_rank=0,
         device=torch.device(device),
         channels_last=channels_last,
         **kw,
@@ -253,7 +252,7 @@ def test_val_crop_and_resize_reach_both_loaders(tiny_data):
 
     def batches(**size):
         dali = build_dali_loader(samples, train=False, batch_size=16, threads=2,
-                                 hw_decoder_load=0.99, seed=0, rank=0, world=1, local_rank=0,
+                                 hw_decoder_load=0.99, seed=0, rank=0, world=1,
                                  device=torch.device("cpu"), channels_last=True,
                                  **size)  # fmt: skip
         ref = build_torchvision_loader(samples, train=False, batch_size=16, workers=0, seed=0,

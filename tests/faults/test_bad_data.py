@@ -171,7 +171,7 @@ def test_both_loaders_apply_exif_orientation(tmp_path):
     common = dict(train=False, image_size=32, batch_size=2, seed=0, rank=0, world=1,
                   device=torch.device("cpu"), channels_last=True)  # fmt: skip
     tv = build_torchvision_loader(samples, workers=0, dtype=torch.float32, **common)
-    dali = build_dali_loader(samples, threads=1, hw_decoder_load=0.99, local_rank=0, **common)
+    dali = build_dali_loader(samples, threads=1, hw_decoder_load=0.99, **common)
     for loader in (tv, dali):
         loader.set_epoch(0)
         x, _ = next(iter(loader))
@@ -286,7 +286,6 @@ def test_dali_decodes_every_odd_image_once_check_data_listed_the_broken(odd_data
         seed=0,
         rank=0,
         world=1,
-        local_rank=0,
         device=torch.device("cpu"),
         channels_last=True,
     )
