@@ -22,7 +22,9 @@ def one_gpu_per_rank(env: MutableMapping[str, str]) -> str | None:
     GPU kept, or None where nothing changed. Must run before CUDA initialises."""
     from fasttrain.dist.slurm import torchrun_env
 
-    launched = {**torchrun_env(env, hostnames=lambda _: ["localhost"]), **env}
+    # only the local rank and count matter here: no rendezvous address is looked up
+    placeholder = {"MASTER_ADDR": "-", "MASTER_PORT": "0"}
+    launched = {**torchrun_env({**env, **placeholder}), **env}
     try:
         local_rank = int(launched.get("LOCAL_RANK", "0"))
         local_world = int(launched.get("LOCAL_WORLD_SIZE", "1"))
