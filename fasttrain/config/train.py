@@ -81,6 +81,16 @@ class TrainConfig:
         "--compile-mode auto on a GPU, coordinate_descent_tuning joins them unless they set it",
         nullable=True,
     )
+    compile_cache: str | None = option(
+        None,
+        "--compile-cache",
+        "directory for inductor's and Triton's compile caches (TORCHINDUCTOR_CACHE_DIR, "
+        "TRITON_CACHE_DIR); on a filesystem every node sees, the first node's compile serves "
+        "the others and the next job. Default: $FASTTRAIN_CACHE/compile where that is set, "
+        "else inductor's own (per machine). A run also keeps its compiled artifacts next to "
+        "its checkpoints, so a resume on another machine starts warm",
+        nullable=True,
+    )
     cuda_graphs: bool = option(
         False,
         "--cuda-graphs",

@@ -27,9 +27,11 @@ from typing import Any
 log = logging.getLogger("fasttrain")
 
 
-# torch's compile metrics, in microseconds, summed over every compiled graph. The fields nest
-# (dynamo's time holds AOT autograd's, which holds inductor's, which holds Triton's compile and
-# compile-time tuning), so each part is a field less the one inside it.
+# torch's compile metrics, in microseconds, one record per compiled graph. A forward record's
+# fields nest: dynamo's time holds AOT autograd's, which holds inductor's, which holds the kernels'
+# compile (Triton's; inductor's C++ on the CPU) and compile-time tuning. The backward graph
+# compiles at the first backward, outside dynamo's frame: its record has its whole time
+# (``backward_cumulative``) holding its inductor time, and no dynamo or AOT autograd field.
 COMPILE_FIELDS = (
     "dynamo_cumulative_compile_time_us",
     "aot_autograd_cumulative_compile_time_us",
@@ -63,20 +65,19 @@ def compile_totals() -> dict[str, float]:
 
 def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """The compile's parts between two ``compile_totals`` readings, each exclusive of the
-    others (module notes). The backward graph compiles at the first backward, outside dynamo's
-    frame: its AOT autograd and inductor times are counted, and its own total beside them."""
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COMPILE_FIELDS}
-    tuning_compile = d["compile_time_autotune_time_us"]
-    inductor = max(0.0, d["inductor_cumulative_compile_time_us"])
-    aot = max(0.0, d["aot_autograd_cumulative_compile_time_us"])
-    dynamo = max(0.0, d["dynamo_cumulative_compile_time_us"])
-    forward_aot = max(0.0, aot - d["backward_cumulative_compile_time_us"])
+    others (the nesting is described above ``COMPILE_FIELDS``); they sum to the forward's
+    dynamo time and the backward's whole time, and the first run's tuning."""
+    d = {k: max(0.0, after.get(k, 0.0) - before.get(k, 0.0)) for k in COMPILE_FIELDS}
+    aot = d["aot_autograd_cumulative_compile_time_us"]  # the forward graphs'
+    backward = d["backward_cumulative_compile_time_us"]
+    inductor = d["inductor_cumulative_compile_time_us"]  # both directions'
+    kernels, tuning = d["triton_compile_time_us"], d["compile_time_autotune_time_us"]
     return {
-        "dynamo trace": max(0.0, dynamo - forward_aot),
-        "AOT autograd": max(0.0, aot - inductor),
-        "inductor codegen": max(0.0, inductor - d["triton_compile_time_us"] - tuning_compile),
-        "Triton compile": d["triton_compile_time_us"],
-        "kernel tuning": tuning_compile + d["runtime_triton_autotune_time_us"],
+        "dynamo trace": max(0.0, d["dynamo_cumulative_compile_time_us"] - aot),
+        "AOT autograd": max(0.0, aot + backward - inductor),
+        "inductor codegen": max(0.0, inductor - kernels - tuning),
+        "Triton compile": kernels,
+        "kernel tuning": tuning + d["runtime_triton_autotune_time_us"],
     }
 
 

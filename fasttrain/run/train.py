@@ -33,6 +33,7 @@ from fasttrain.model.cudnn.graph import selection_cost
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built
+from fasttrain.run.compile_cache import Artifacts
 from fasttrain.run.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.run.folder import open_run_folder
 from fasttrain.run.setup import set_up, total_steps
@@ -55,6 +56,7 @@ class Trainer:
         self.total_steps = total_steps(cfg, self.training)
         self.startup, self.t_start = startup, startup.t_start
         self.cudnn_s = selection_cost()["seconds"]  # cuDNN's plans timed before the first step
+        self.artifacts = Artifacts(self.run_dir, cfg, dist.world_size, dist.is_main)
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
         self.metrics = Metrics(
             self.run_dir,
@@ -90,6 +92,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to the end of the run, or until a stop request; returns the run summary."""
         self.stop.install()
+        self.artifacts.load()  # before anything compiles: a resume on a new machine starts warm
         self.profiler.start()
         ended = False  # every rank came out of the loop: they can still exchange a profile
         try:
@@ -215,6 +218,7 @@ class Trainer:
             " (compiling it, and tuning if on)" if self.cfg.train.compile else "",
         )
         log.info("%s", describe(self.summary["startup"]))
+        self.artifacts.save()
         self.metrics.restart_interval()
 
     def first_resized_step_done(self) -> None:
@@ -295,6 +299,7 @@ class Trainer:
                 log.debug(
                     "saved %s", ckpt.write(state, self.run_dir, self.cfg.run.keep_checkpoints)
                 )
+                self.artifacts.save()  # what evaluation's model compiled since, if anything
             # nobody runs ahead of a checkpoint that may be the one resumed
             self.dist.barrier("the barrier after a checkpoint")
         self.saved_step = self.step
@@ -383,6 +388,7 @@ class Trainer:
             log.info("done: %s | %s", " | ".join(parts), self.run_dir)
             if "startup" in self.summary:
                 log.info("%s", describe(self.summary["startup"]))
+        self.artifacts.save()
         return self.summary
 
 

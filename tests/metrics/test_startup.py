@@ -14,27 +14,30 @@ from fasttrain.metrics.startup import Heartbeat, Startup, compile_parts, describ
 
 
 def test_compile_parts_are_each_field_less_the_one_inside_it():
-    """dynamo 10 s holds the forward's AOT autograd (6 s of the 9 s, the backward's 3 s came at
-    the first backward), which holds inductor (7 s), which holds Triton's compile (2 s) and
-    compile-time tuning (1 s); the first run's coordinate descent tuned for 4 s more."""
+    """The forward: dynamo 10 s holds AOT autograd 8 s, which holds inductor 6 s. The backward,
+    compiled at the first backward: 4 s in all, inductor 3 s of it. Inductor's 9 s hold the
+    kernels' compile (3 s) and compile-time tuning (1 s); the first run tuned 2 s more. The
+    numbers are the shape torch 2.14 reports on the CPU for ResNet-18 (forward 31.4 s: AOT
+    29.8, inductor 25.7; backward 12.0: inductor 11.9; kernels 15.5 in all)."""
     before = dict.fromkeys(startup.COMPILE_FIELDS, 0.0)
     after = {
         "dynamo_cumulative_compile_time_us": 10.0,
-        "aot_autograd_cumulative_compile_time_us": 9.0,
-        "backward_cumulative_compile_time_us": 3.0,
-        "inductor_cumulative_compile_time_us": 7.0,
-        "triton_compile_time_us": 2.0,
+        "aot_autograd_cumulative_compile_time_us": 8.0,
+        "backward_cumulative_compile_time_us": 4.0,
+        "inductor_cumulative_compile_time_us": 9.0,
+        "triton_compile_time_us": 3.0,
         "compile_time_autotune_time_us": 1.0,
-        "runtime_triton_autotune_time_us": 4.0,
+        "runtime_triton_autotune_time_us": 2.0,
     }
     parts = compile_parts(before, after)
     assert parts == {
-        "dynamo trace": 4.0,
-        "AOT autograd": 2.0,
-        "inductor codegen": 4.0,
-        "Triton compile": 2.0,
-        "kernel tuning": 5.0,
+        "dynamo trace": 2.0,
+        "AOT autograd": 3.0,
+        "inductor codegen": 5.0,
+        "Triton compile": 3.0,
+        "kernel tuning": 3.0,
     }
+    assert sum(parts.values()) == 10.0 + 4.0 + 2.0
     assert compile_parts(after, after) == dict.fromkeys(parts, 0.0)
 
 

@@ -1,0 +1,118 @@
+"""Where compiled code is kept, so that a start compiles as little as possible.
+
+- **The caches' directory** (``--compile-cache``, else ``$FASTTRAIN_CACHE/compile`` where that is
+  set): inductor's and Triton's caches go there (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``),
+  so a directory on a shared filesystem lets every node and the next job find what one compiled.
+  Every rank compiles for ``cuda:0`` (``dist/devices.py``), so ranks share entries too.
+- **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
+  artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
+  autotuning caches), saved by the main process after the first step and again at a checkpoint
+  when more was compiled (evaluation's model), and loaded into the caches when a run starts in
+  that folder: a resume on a new machine starts warm. The key holds torch's, Triton's and cuDNN's
+  versions, the GPU and every setting that shapes the compiled step, so any change misses
+  cleanly (a new file); inductor's own keys still guard every entry inside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from fasttrain.config import Config
+from fasttrain.config.paths import cache_dir
+
+log = logging.getLogger("fasttrain")
+
+FOLDER = "compile-cache"
+
+
+def use_cache_dir(cfg: Config) -> Path | None:
+    """Point inductor and Triton at ``--compile-cache`` (or ``$FASTTRAIN_CACHE/compile``);
+    returns the directory, or None where inductor keeps its own default."""
+    given = cfg.train.compile_cache
+    if given is None and "FASTTRAIN_CACHE" not in os.environ:
+        return None
+    where = Path(given).expanduser() if given else cache_dir() / "compile"
+    where.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
+    os.environ["TRITON_CACHE_DIR"] = str(where / "triton")
+    return where
+
+
+def key(cfg: Config, world_size: int) -> str:
+    """What the compiled step depends on (module notes), hashed."""
+    t, m = cfg.train, cfg.model
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    device = None
+    if t.device == "cuda" and torch.cuda.is_available():
+        device = [torch.cuda.get_device_name(), list(torch.cuda.get_device_capability())]
+    what = {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": device or t.device,
+        "world_size": world_size,
+        "model": [m.arch, m.num_classes, m.channels_last, m.fused_bn, m.cudnn_bn],
+        "image_size": [cfg.data.image_size, cfg.data.progressive_resizing],
+        "train": [t.batch_size, t.batch_sizes, t.accum_steps, t.amp, t.compile_mode,
+                  t.inductor_options, t.cuda_graphs, t.triton_kernels, t.strategy,
+                  t.model_ema, t.mixup_alpha, t.cutmix_alpha, t.random_erase],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Artifacts:
+    """A run folder's saved compile artifacts for this run's key (module notes)."""
+
+    def __init__(self, run_dir: Path, cfg: Config, world_size: int, is_main: bool):
+        self.path = Path(run_dir) / FOLDER / f"{key(cfg, world_size)}.bin"
+        self.enabled = cfg.train.compile
+        self.is_main = is_main
+        self.saved_size = 0
+
+    def load(self) -> bool:
+        """Fill the compile caches from the folder's artifacts, if there are any for this key."""
+        if not self.enabled or not self.path.is_file():
+            return False
+        try:
+            info = torch.compiler.load_cache_artifacts(self.path.read_bytes())
+        except Exception as e:  # damaged, or from a torch that writes another format
+            log.warning("compile artifacts %s not loaded (%s): compiling afresh", self.path, e)
+            return False
+        entries = sum(len(v) for v in info.artifacts.values()) if info is not None else 0
+        log.info(
+            "loaded %d compile cache entries from %s (this folder's earlier run)",
+            entries,
+            self.path,
+        )
+        return True
+
+    def save(self) -> None:
+        """Save what this process has compiled, where it holds more than the file (main
+        process)."""
+        if not (self.enabled and self.is_main):
+            return
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except Exception as e:
+            log.debug("compile artifacts not saved: %s", e)
+            return
+        if saved is None or len(saved[0]) <= self.saved_size:
+            return
+        data = saved[0]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+        self.saved_size = len(data)
+        log.debug("saved %.1f MB of compile artifacts to %s", len(data) / 2**20, self.path)

@@ -1,0 +1,83 @@
+"""Compiled code kept for the next start (``run/compile_cache.py``), on the CPU: a run's own
+artifacts make a resume on a "new machine" (an empty cache directory) start warm, a changed
+setting misses cleanly, and two processes of the next job both find the first job's cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAST
+
+COMPILE = [*FAST, "--compile", "--eval-every", "0", "--log-every", "1"]
+
+
+def fasttrain(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A run in a process of its own: torch keeps compiled code in memory too."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fasttrain", *map(str, argv)],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def fx_cache(run_dir: Path, rank: int = 0) -> tuple[int, int]:
+    """(hits, misses) of inductor's FX graph cache at the first step, from the rank's log."""
+    line = next(
+        x for x in (run_dir / f"log-rank{rank}.txt").read_text().splitlines() if "start-up" in x
+    )
+    hits, misses = line.split("FX graph cache: ")[1].split(" misses")[0].split(" hits, ")
+    return int(hits), int(misses)
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "2", "--output-dir", out,
+              "--compile-cache", tmp_path / "machine-a")  # fmt: skip
+    saved = list((out / "compile-cache").glob("*.bin"))
+    assert len(saved) == 1 and saved[0].stat().st_size > 0
+    assert (tmp_path / "machine-a").is_dir() and any((tmp_path / "machine-a").iterdir())
+    assert fx_cache(out)[1] > 0  # it compiled
+    summary = json.loads((out / "summary.json").read_text())
+    parts = summary["startup"]["parts_s"]
+    assert parts["dynamo trace"] > 0 and parts["AOT autograd"] > 0
+    assert sum(parts.values()) == pytest.approx(summary["startup"]["total_s"], abs=0.05)
+
+    # the same folder resumed with an empty cache directory: the artifacts fill it
+    fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "4", "--output-dir", out,
+              "--resume", "auto", "--compile-cache", tmp_path / "machine-b")  # fmt: skip
+    log = (out / "log-rank0.txt").read_text()
+    assert "compile cache entries from" in log and "this folder's earlier run" in log
+    hits, misses = fx_cache(out)
+    assert hits > 0 and misses == 0
+
+    # another batch size is another compiled step: nothing loaded, a clean compile
+    other = tmp_path / "other"
+    fasttrain("--data", tiny_data, *COMPILE, "--batch-size", "8", "--max-steps", "2",
+              "--output-dir", other, "--compile-cache", tmp_path / "machine-c")  # fmt: skip
+    assert "compile cache entries" not in (other / "log-rank0.txt").read_text()
+    assert fx_cache(other)[1] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_the_next_jobs_two_processes_both_hit_the_first_jobs_cache(tiny_data, tmp_path):
+    """Two gloo processes compile into one --compile-cache; in the next job (new folders, so no
+    artifacts of their own) both find every graph there."""
+    cache = tmp_path / "shared"
+    common = ["--nproc-per-node", "2", "--data", tiny_data, *COMPILE, "--batch-size", "8",
+              "--max-steps", "2", "--compile-cache", cache]  # fmt: skip
+    fasttrain(*common, "--output-dir", tmp_path / "job1")
+    assert fx_cache(tmp_path / "job1", 0)[1] > 0  # the first job compiled
+    fasttrain(*common, "--output-dir", tmp_path / "job2")
+    for rank in (0, 1):
+        hits, misses = fx_cache(tmp_path / "job2", rank)
+        assert hits > 0 and misses == 0, (rank, hits, misses)
