@@ -10,8 +10,8 @@ and the CUDA graph's warm-up and capture; what none of them covers is "other". T
 the time to the first step.
 
 ``Heartbeat`` logs every ``every`` seconds while the first step runs: the phase it is in, read
-from the main thread's stack (a compile is one long call with no progress of its own), so a
-start-up that takes minutes never goes silent.
+from the threads' stacks (a compile is one long call with no progress of its own), so a start-up
+that takes minutes never goes silent.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def compile_totals() -> dict[str, float]:
         return {}
     out = dict.fromkeys(COMPILE_FIELDS, 0.0)
     out.update(fx_cache_hits=0.0, fx_cache_misses=0.0)
+    from torch._dynamo.utils import counters
+
+    aot = counters["aot_autograd"]  # AOT autograd's own cache: a bypass re-traces every start
+    for name in ("hit", "miss", "bypass"):
+        out[f"aot_cache_{name}"] = float(aot.get(f"autograd_cache_{name}", 0))
     for m in get_compilation_metrics():
         known = {f.name for f in fields(m)}
         values = asdict(m)
@@ -110,12 +115,15 @@ class Startup:
         step["first step, other"] = max(0.0, seconds - known)
         parts = {k: v for k, v in self.parts.items() if v > 0.0005} | step
         total = now - self.t_start
-        hits = totals.get("fx_cache_hits", 0) - self.compile_before.get("fx_cache_hits", 0)
-        misses = totals.get("fx_cache_misses", 0) - self.compile_before.get("fx_cache_misses", 0)
+
+        def new(name: str) -> int:
+            return int(totals.get(name, 0) - self.compile_before.get(name, 0))
+
         return {
             "total_s": total,
             "parts_s": {k: round(v, 3) for k, v in parts.items()},
-            "fx_graph_cache": {"hits": int(hits), "misses": int(misses)},
+            "fx_graph_cache": {"hits": new("fx_cache_hits"), "misses": new("fx_cache_misses")},
+            "aot_autograd_cache": {k: new(f"aot_cache_{k}") for k in ("hit", "miss", "bypass")},
         }
 
 
@@ -123,8 +131,13 @@ def describe(report: dict[str, Any]) -> str:
     """One line: the parts of the time to the first step, largest first."""
     parts = sorted(report["parts_s"].items(), key=lambda kv: -kv[1])
     shown = ", ".join(f"{k} {v:.1f} s" for k, v in parts if v >= 0.05)
-    cache = report["fx_graph_cache"]
+    cache, aot = report["fx_graph_cache"], report.get("aot_autograd_cache", {})
     graphs = f"; inductor's FX graph cache: {cache['hits']} hits, {cache['misses']} misses"
+    if sum(aot.values()):
+        graphs += (
+            f"; AOT autograd's cache: {aot['hit']} hits, {aot['miss']} misses, "
+            f"{aot['bypass']} bypassed"
+        )
     return f"start-up {report['total_s']:.1f} s: {shown}{graphs if sum(cache.values()) else ''}"
 
 
@@ -167,12 +180,10 @@ def phase_of(frame: Any) -> str:
 
 
 class Heartbeat:
-    """Logs what the main thread is doing every ``every`` seconds until ``stop`` (module
-    notes)."""
+    """Logs what the process is doing every ``every`` seconds until it exits (module notes)."""
 
     def __init__(self, what: str, t_start: float, every: float = 10.0):
         self.what, self.t_start, self.every = what, t_start, every
-        self.main = threading.main_thread().ident
         self.done = threading.Event()
         self.since = time.perf_counter()
         self.phase, self.phase_since = "", self.since
@@ -187,10 +198,14 @@ class Heartbeat:
         self.thread.join()
 
     def beat(self) -> str:
-        """The line for now."""
+        """The line for now: the most specific phase of any thread but this one (the backward
+        runs, and compiles, on autograd's own thread while the main thread waits in it)."""
         now = time.perf_counter()
-        frame = sys._current_frames().get(self.main)
-        phase = phase_of(frame) if frame is not None else "running"
+        mine = threading.get_ident()
+        phases = [phase_of(f) for t, f in sys._current_frames().items() if t != mine]
+        order = [p for p, _, _ in PHASES]
+        known = [p for p in phases if p in order]
+        phase = min(known, key=order.index) if known else "running the step"
         if phase != self.phase:
             self.phase, self.phase_since = phase, now
         return (

@@ -32,8 +32,18 @@ FOLDER = "compile-cache"
 
 
 def use_cache_dir(cfg: Config) -> Path | None:
-    """Point inductor and Triton at ``--compile-cache`` (or ``$FASTTRAIN_CACHE/compile``);
-    returns the directory, or None where inductor keeps its own default."""
+    """Point inductor and Triton at ``--compile-cache`` (or ``$FASTTRAIN_CACHE/compile``), and
+    let AOT autograd cache graphs that hold fasttrain's autograd Functions; returns the
+    directory, or None where inductor keeps its own default.
+
+    AOT autograd's cache passes over any graph with a custom ``autograd.Function`` unless told
+    otherwise (``autograd_cache_allow_custom_autograd_functions``), and the fused path's
+    affine-ReLU and residual-ReLU steps are such Functions: every start then traced the joint
+    graph again. Dynamo traces both directions of these Functions into the graph (they are
+    pure torch ops), so the graph the cache is keyed on holds them whole."""
+    from torch._functorch import config as functorch_config
+
+    functorch_config.autograd_cache_allow_custom_autograd_functions = True
     given = cfg.train.compile_cache
     if given is None and "FASTTRAIN_CACHE" not in os.environ:
         return None

@@ -51,7 +51,7 @@ def set_up(
     configure_backends(dist.device, t.strategy, t.deterministic)
     if dist.device.type == "cuda":
         torch.empty(0, device=dist.device)  # CUDA's context, now, so that its start is timed
-    startup.mark("imports, settings, checks and CUDA start")
+    startup.mark("run directory, backends and CUDA start")
     seed_everything(t.seed)
     if t.batch_size is None:
         from fasttrain.run.autobatch import auto_batch_size

@@ -396,6 +396,7 @@ def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[st
     """Set up the run ``cfg`` describes and train it; returns the run summary."""
     t_start = time.perf_counter() if t_start is None else t_start
     startup = Startup(t_start)
+    startup.mark("imports, settings and cuDNN's probe")
     # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
     # restores when it is built)
     resumed = ckpt.find_resume(cfg.run)

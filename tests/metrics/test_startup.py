@@ -109,3 +109,18 @@ def test_the_heartbeat_says_what_the_first_step_waits_for(caplog):
     assert len(lines) >= 3, lines
     assert lines[-1].startswith("first step: compiling Triton kernels for ")
     assert "s in the step, 10" in lines[-1] and lines[-1].endswith(" s since start)")
+
+
+def test_the_heartbeat_reads_every_thread(caplog):
+    """The backward compiles on autograd's own thread while the main thread waits in it."""
+    import threading
+
+    aot = _in_file("/site/torch/_functorch/_aot_autograd/runtime_wrappers.py", "def bw(f): f()")
+    worker = threading.Thread(target=aot["bw"], args=(lambda: time.sleep(0.3),))
+    with (
+        caplog.at_level(logging.INFO, logger="fasttrain"),
+        Heartbeat("first step", time.perf_counter(), every=0.05),
+    ):
+        worker.start()
+        worker.join()  # the main thread waits, as in loss.backward()
+    assert any("first step: AOT autograd for" in r.getMessage() for r in caplog.records)

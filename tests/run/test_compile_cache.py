@@ -29,10 +29,10 @@ def fasttrain(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def fx_cache(run_dir: Path, rank: int = 0) -> tuple[int, int]:
-    """(hits, misses) of inductor's FX graph cache at the first step, from the rank's log."""
-    line = next(
-        x for x in (run_dir / f"log-rank{rank}.txt").read_text().splitlines() if "start-up" in x
-    )
+    """(hits, misses) of inductor's FX graph cache at the first step of the folder's latest
+    run, from the rank's log (a resumed run appends to it)."""
+    lines = (run_dir / f"log-rank{rank}.txt").read_text().splitlines()
+    line = [x for x in lines if "start-up" in x][-1]
     hits, misses = line.split("FX graph cache: ")[1].split(" misses")[0].split(" hits, ")
     return int(hits), int(misses)
 
