@@ -1,0 +1,103 @@
+"""The time to the first step, cold, warm and resumed on a "new machine", through the CLI: a
+markdown table (stdout and ``OUT/startup.md``) of each run's parts, from its ``summary.json``
+(``startup``), and every summary (``OUT/summaries.jsonl``).
+
+Each variant runs three times in a row, each run a fresh process:
+- **cold**: empty caches (a directory of its own for inductor, Triton and fasttrain's caches);
+- **warm**: the same command again, its caches filled;
+- **resumed, new machine**: the warm run's folder resumed (``--resume auto``) with empty caches
+  again, so only what the run folder kept (its compile artifacts) is there.
+
+Examples:
+    python bench/startup.py                                # fused default, default and tuned
+    python bench/startup.py --variant plain="--fused-bn off"
+    python bench/startup.py -- --loader dali --data /data/imagenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FLAGS = ["--loader", "synthetic", "--compile", "--cuda-graphs", "--max-steps", "40"]
+VARIANTS = {"default mode": "--compile-mode default", "tuned (auto)": "--compile-mode auto"}
+TOP = 6  # parts named in the table, largest first
+
+
+def run(argv: list[str], cache: Path, log: Path) -> dict:
+    """One ``python -m fasttrain`` with its caches in ``cache``; its summary."""
+    env = {**os.environ, "FASTTRAIN_CACHE": str(cache)}
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(name, None)  # --compile-cache's default follows FASTTRAIN_CACHE
+    with log.open("w") as f:
+        done = subprocess.run([sys.executable, "-m", "fasttrain", *argv], stdout=f,
+                              stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    out = Path(argv[argv.index("--output-dir") + 1])
+    summary = out / "summary.json"
+    if done.returncode != 0 or not summary.is_file():
+        return {"exit": done.returncode}
+    return json.loads(summary.read_text())
+
+
+def row(label: str, start: str, s: dict) -> str:
+    if "startup" not in s:
+        return f"| {label} | {start} | failed (exit {s.get('exit')}) | | | |"
+    r = s["startup"]
+    parts = sorted(r["parts_s"].items(), key=lambda kv: -kv[1])[:TOP]
+    named = ", ".join(f"{k} {v:.1f}" for k, v in parts)
+    fx, aot = r["fx_graph_cache"], r.get("aot_autograd_cache", {})
+    caches = f"FX {fx['hits']}/{fx['hits'] + fx['misses']}"
+    if aot:
+        caches += f", AOT {aot['hit']}/{aot['hit'] + aot['miss'] + aot['bypass']}"
+    rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""
+    return f"| {label} | {start} | {r['total_s']:.1f} | {named} | {caches} | {rate} |"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/startup"))
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=FLAGS",
+                   help="runs with FLAGS added (default: the default and tuned compile modes)")  # fmt: skip
+    p.add_argument("flags", nargs="*", help="after --: the trainer's flags (default: synthetic "
+                   "data, compiled and graphed, 40 steps)")  # fmt: skip
+    args = p.parse_args()
+    variants = dict(v.split("=", 1) for v in args.variant) or VARIANTS
+    flags = args.flags or FLAGS
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "| variant | start | first step after (s) | largest parts (s) | cache hits | img/s |",
+        "|---|---|---:|---|---|---:|",
+    ]
+    with (args.out / "summaries.jsonl").open("w") as jsonl:
+        for label, extra in variants.items():
+            slug = "".join(c if c.isalnum() else "-" for c in label)
+            folders = [args.out / f"{slug}-{x}" for x in ("cold", "warm")]
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
+            cold, warm = ([*flags, *extra.split(), "--output-dir", str(f)] for f in folders)
+            with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+                starts = [
+                    ("cold", cold, Path(a)),
+                    ("warm", warm, Path(a)),
+                    # the warm run's folder, its checkpoint and compile artifacts, elsewhere
+                    ("resumed, new machine", [*warm, "--resume", "auto", "--max-steps", "60"],
+                     Path(b)),
+                ]  # fmt: skip
+                for start, cmd, cache in starts:
+                    s = run(cmd, cache, args.out / f"{slug}-{start.split(',')[0]}.log")
+                    jsonl.write(json.dumps({"variant": label, "start": start, **s}) + "\n")
+                    lines.append(row(label, start, s))
+                    print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    (args.out / "startup.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
