@@ -62,10 +62,18 @@ def row(label: str, start: str, s: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/startup"))
-    p.add_argument("--variant", action="append", default=[], metavar="LABEL=FLAGS",
-                   help="runs with FLAGS added (default: the default and tuned compile modes)")  # fmt: skip
-    p.add_argument("flags", nargs="*", help="after --: the trainer's flags (default: synthetic "
-                   "data, compiled and graphed, 40 steps)")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=FLAGS",
+        help="runs with FLAGS added (default: the default and tuned compile modes)",
+    )
+    p.add_argument(
+        "flags",
+        nargs="*",
+        help="after --: the trainer's flags (default: synthetic data, compiled, graphed, 40 steps)",
+    )
     args = p.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant) or VARIANTS
     flags = args.flags or FLAGS
