@@ -132,3 +132,30 @@ def test_kernel_split_prints_a_gzipped_traces_tables(tmp_path, monkeypatch, caps
     assert "2 profiled steps, 4.00 ms of GPU work per step" in text
     assert "| Triton (BN, elementwise) | 2.00 | 50.0% |" in text
     assert text.count("| `") == 2
+
+
+START = importlib.util.spec_from_file_location(
+    "bench_startup", Path(__file__).parents[2] / "bench" / "startup.py"
+)
+startup_bench = importlib.util.module_from_spec(START)
+START.loader.exec_module(startup_bench)
+
+
+def test_startup_rows_name_the_largest_parts_and_the_caches():
+    summary = {
+        "img_per_s": 8865.2,
+        "startup": {
+            "total_s": 38.44,
+            "parts_s": {"AOT autograd": 11.9, "dynamo trace": 6.8, "data": 0.4, "model": 3.7},
+            "fx_graph_cache": {"hits": 2, "misses": 0},
+            "aot_autograd_cache": {"hit": 0, "miss": 0, "bypass": 2},
+        },
+    }
+    line = startup_bench.row("fused", "warm", summary)
+    assert line == (
+        "| fused | warm | 38.4 | AOT autograd 11.9, dynamo trace 6.8, model 3.7, data 0.4 | "
+        "FX 2/2, AOT 0/2 | 8,865 |"
+    )
+    assert startup_bench.row("fused", "cold", {"exit": 1}) == (
+        "| fused | cold | failed (exit 1) | | | |"
+    )
