@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-from fasttrain.model.cudnn import plan_memory
-
 log = logging.getLogger(__name__)
 _handles: dict[int, Any] = {}
 
@@ -48,43 +46,26 @@ def handle(device: torch.device) -> Any:
     return _handles[index]
 
 
-# what select_fastest has cost so far: seconds, graphs, plans built, plans remembered
-_selecting = {"seconds": 0.0, "graphs": 0, "plans": 0, "remembered": 0}
+_selecting = {"seconds": 0.0, "graphs": 0, "plans": 0}  # what select_fastest has cost so far
 
 
 def selection_cost() -> dict[str, float]:
-    """Seconds spent in ``select_fastest`` so far in this process, the graphs and plans it
-    built, and how many plans were remembered from an earlier run (``plan_memory``): the cuDNN
-    part of a run's start-up."""
+    """Seconds spent in ``select_fastest`` so far in this process, and the graphs and plans it
+    built: the cuDNN part of a run's start-up."""
     return dict(_selecting)
 
 
 def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = None) -> None:
-    """Build the plan that won for ``graph`` in an earlier run (``plan_memory``), or else choose
-    one (``_select_fastest``) and remember it; timed (``selection_cost``)."""
+    """``_select_fastest``, timed (``selection_cost``)."""
     t0 = time.perf_counter()
     try:
-        index = None if torch.cuda.is_current_stream_capturing() else plan_memory.recall(graph)
-        if index is not None:
-            try:
-                graph.build_plan_at_index(index)
-                _selecting["plans"] += 1
-                _selecting["remembered"] += 1
-                return
-            except Exception:  # it no longer builds: choose again
-                pass
-        best, built = _select_fastest(graph, run, limit)
-        _selecting["plans"] += built
-        if best is not None:
-            plan_memory.remember(graph, best)
+        _selecting["plans"] += _select_fastest(graph, run, limit)
     finally:
         _selecting["seconds"] += time.perf_counter() - t0
         _selecting["graphs"] += 1
 
 
-def _select_fastest(
-    graph: Any, run: Callable[[int], None], limit: int | None
-) -> tuple[int | None, int]:
+def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> int:
     """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
     and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
     the fastest that also captures in a CUDA graph, as ``cudnn.benchmark`` does for torch's
@@ -94,7 +75,7 @@ def _select_fastest(
     be timed: the heuristics' first plan that builds is kept."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
-        return None, 0
+        return 0
     best, best_ms, tried, built = None, float("inf"), 0, 0
     for index in range(graph.get_execution_plan_count()):
         if limit is not None and tried >= limit:
@@ -128,7 +109,7 @@ def _select_fastest(
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
-    return best, built + 1
+    return built + 1
 
 
 def _captures(run: Callable[[int], None], workspace: int) -> bool:
