@@ -16,6 +16,7 @@ from fasttrain.config.cli import parse_args
 from fasttrain.config.paths import cache_dir
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
+from fasttrain.metrics.startup import Startup
 from fasttrain.run.resolve import resolve
 from fasttrain.run.runs import place_run
 
@@ -23,19 +24,22 @@ from fasttrain.run.runs import place_run
 def main(argv: Sequence[str], t_start: float) -> int:
     """Train (or evaluate) as ``argv`` says; ``t_start``: when the program started, for the
     start-up time it reports."""
+    startup = Startup(t_start)
     cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
     dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
+    startup.mark("imports, flags and the process group")
     run_log: Path | None = None  # known once the config is resolved
     try:
         try:
             resolve(cfg, dist, notes=notes)
+            startup.mark("settings and cuDNN's probe")
             place_run(cfg, notes)
             run_log = Path(cfg.run.output_dir) / f"log-rank{dist.rank}.txt"
             if dist.is_main:
                 for note in notes:
                     say(note)
             if cfg.data.path is None and cfg.data.loader != "synthetic":
-                t_start = _sample_set(cfg, dist)
+                startup = Startup(_sample_set(cfg, dist))  # counted from the set being ready
             if cfg.run.test_only:
                 from fasttrain.run.evaluate_only import evaluate_only
 
@@ -43,7 +47,7 @@ def main(argv: Sequence[str], t_start: float) -> int:
             else:
                 from fasttrain.run.train import train
 
-                train(cfg, dist, t_start)
+                train(cfg, dist, startup)
         finally:
             dist.close()
     except (UserError, KeyboardInterrupt):

@@ -46,6 +46,8 @@ COMPILE_FIELDS = (
 def compile_totals() -> dict[str, float]:
     """torch's compile metrics so far, in seconds, summed over the graphs compiled (zeros where
     this torch does not record a field); with the FX graph cache's hits and misses."""
+    if "torch._dynamo" not in sys.modules:  # nothing compiled yet; importing it costs a second
+        return {}
     try:
         from torch._dynamo.utils import get_compilation_metrics
     except ImportError:

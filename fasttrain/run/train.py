@@ -392,11 +392,10 @@ class Trainer:
         return self.summary
 
 
-def train(cfg: Config, dist: DistState, t_start: float | None = None) -> dict[str, Any]:
-    """Set up the run ``cfg`` describes and train it; returns the run summary."""
-    t_start = time.perf_counter() if t_start is None else t_start
-    startup = Startup(t_start)
-    startup.mark("imports, settings and cuDNN's probe")
+def train(cfg: Config, dist: DistState, startup: Startup | None = None) -> dict[str, Any]:
+    """Set up the run ``cfg`` describes and train it; returns the run summary. ``startup``:
+    the time to the first step so far (from the program's start), by part."""
+    startup = Startup(time.perf_counter()) if startup is None else startup
     # before the run directory (a finished run changes nothing) and the data (a DALI pipeline
     # restores when it is built)
     resumed = ckpt.find_resume(cfg.run)

@@ -49,6 +49,7 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
     summary = json.loads((out / "summary.json").read_text())
     parts = summary["startup"]["parts_s"]
     assert parts["dynamo trace"] > 0 and parts["AOT autograd"] > 0
+    assert parts["imports, flags and the process group"] > 0 and "model and optimizer" in parts
     assert sum(parts.values()) == pytest.approx(summary["startup"]["total_s"], abs=0.05)
 
     # the same folder resumed with an empty cache directory: the artifacts fill it
