@@ -25,6 +25,7 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.config.paths import cache_dir
+from fasttrain.metrics.startup import compile_totals
 
 log = logging.getLogger("fasttrain")
 
@@ -89,6 +90,7 @@ class Artifacts:
         self.enabled = cfg.train.compile
         self.is_main = is_main
         self.saved_size = 0
+        self.saved_after: dict[str, float] | None = None  # torch's compile records then
 
     def load(self) -> bool:
         """Fill the compile caches from the folder's artifacts, if there are any for this key."""
@@ -109,9 +111,13 @@ class Artifacts:
 
     def save(self) -> None:
         """Save what this process has compiled, where it holds more than the file (main
-        process)."""
+        process); nothing when nothing was compiled since the last call (a checkpoint)."""
         if not (self.enabled and self.is_main):
             return
+        compiled = compile_totals()  # unchanged since the last save: nothing new to keep
+        if compiled == self.saved_after:
+            return
+        self.saved_after = compiled
         try:
             saved = torch.compiler.save_cache_artifacts()
         except Exception as e:
