@@ -1,6 +1,6 @@
 """Compiled code kept for the next start (``run/compile_cache.py``), on the CPU: a run's own
 artifacts make a resume on a "new machine" (an empty cache directory) start warm, a changed
-setting misses cleanly, and two processes of the next job both find the first job's cache."""
+setting has another key, and two processes of the next job both find the first job's cache."""
 
 from __future__ import annotations
 
@@ -60,12 +60,30 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
     hits, misses = fx_cache(out)
     assert hits > 0 and misses == 0
 
-    # another batch size is another compiled step: nothing loaded, a clean compile
-    other = tmp_path / "other"
-    fasttrain("--data", tiny_data, *COMPILE, "--batch-size", "8", "--max-steps", "2",
-              "--output-dir", other, "--compile-cache", tmp_path / "machine-c")  # fmt: skip
-    assert "compile cache entries" not in (other / "log-rank0.txt").read_text()
-    assert fx_cache(other)[1] > 0
+
+def test_the_key_changes_with_what_shapes_the_compiled_step():
+    """Another batch, model, precision, compile mode or world size is another compiled step: a
+    file of its own, so a changed run misses cleanly; what the step does not see (the LR, the
+    epochs) keeps the key."""
+    from fasttrain.config.cli import parse_args
+    from fasttrain.run.compile_cache import key
+
+    def of(*flags: str, world: int = 1) -> str:
+        return key(
+            parse_args(["--data", "/d", "--compile", *flags], cuda_available=False)[0], world
+        )
+
+    base = of()
+    changed = [
+        of("--batch-size", "128"),
+        of("--arch", "resnet18"),
+        of("--amp", "bf16"),
+        of("--compile-mode", "max-autotune-no-cudagraphs"),
+        of("--image-size", "160"),
+        of(world=2),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+    assert of("--lr", "0.4", "--epochs", "3") == base
 
 
 @pytest.mark.slow
