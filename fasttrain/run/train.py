@@ -29,7 +29,7 @@ from fasttrain.metrics.meter import DeviceMeter, StepTimer, peak_memory_gib
 from fasttrain.metrics.profiling import RunProfiler, report_profile, span
 from fasttrain.metrics.rates import rates_by
 from fasttrain.metrics.startup import Heartbeat, Startup, describe
-from fasttrain.model.cudnn.graph import selection_cost
+from fasttrain.model.cudnn.graph import selection_seconds
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built
@@ -55,7 +55,7 @@ class Trainer:
         self.plan = built.plan  # each epoch's steps and global batch
         self.total_steps = total_steps(cfg, self.training)
         self.startup, self.t_start = startup, startup.t_start
-        self.cudnn_s = selection_cost()["seconds"]  # cuDNN's plans timed before the first step
+        self.cudnn_s = selection_seconds()  # cuDNN's plans timed before the first step
         self.artifacts = Artifacts(self.run_dir, cfg, dist.world_size, dist.is_main)
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
         self.metrics = Metrics(
@@ -209,7 +209,7 @@ class Trainer:
         now = time.perf_counter()
         self.summary["time_to_first_step_s"] = now - self.t_start
         self.summary["first_step_s"] = now - t_step  # compile and autotuning, if any
-        cudnn = {"cuDNN plans": selection_cost()["seconds"] - self.cudnn_s}
+        cudnn = {"cuDNN plans": selection_seconds() - self.cudnn_s}
         self.summary["startup"] = self.startup.first_step(now - t_step, cudnn)
         log.info(
             "first step done %.1f s after start; the step itself took %.1f s%s",

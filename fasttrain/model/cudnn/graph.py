@@ -46,26 +46,26 @@ def handle(device: torch.device) -> Any:
     return _handles[index]
 
 
-_selecting = {"seconds": 0.0, "graphs": 0, "plans": 0}  # what select_fastest has cost so far
+_selecting_s = 0.0  # what select_fastest has cost so far in this process
 
 
-def selection_cost() -> dict[str, float]:
-    """Seconds spent in ``select_fastest`` so far in this process, and the graphs and plans it
-    built: the cuDNN part of a run's start-up."""
-    return dict(_selecting)
+def selection_seconds() -> float:
+    """Seconds spent in ``select_fastest`` so far in this process: the cuDNN part of a run's
+    start-up."""
+    return _selecting_s
 
 
 def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = None) -> None:
-    """``_select_fastest``, timed (``selection_cost``)."""
+    """``_select_fastest``, timed (``selection_seconds``)."""
+    global _selecting_s
     t0 = time.perf_counter()
     try:
-        _selecting["plans"] += _select_fastest(graph, run, limit)
+        _select_fastest(graph, run, limit)
     finally:
-        _selecting["seconds"] += time.perf_counter() - t0
-        _selecting["graphs"] += 1
+        _selecting_s += time.perf_counter() - t0
 
 
-def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> int:
+def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> None:
     """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
     and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
     the fastest that also captures in a CUDA graph, as ``cudnn.benchmark`` does for torch's
@@ -75,14 +75,13 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
     be timed: the heuristics' first plan that builds is kept."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
-        return 0
-    best, best_ms, tried, built = None, float("inf"), 0, 0
+        return
+    best, best_ms, tried = None, float("inf"), 0
     for index in range(graph.get_execution_plan_count()):
         if limit is not None and tried >= limit:
             break
         try:
             graph.build_plan_at_index(index)
-            built += 1
         except Exception:  # a declined engine: try the next
             continue
         workspace = graph.get_workspace_size()
@@ -109,7 +108,6 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
-    return built + 1
 
 
 def _captures(run: Callable[[int], None], workspace: int) -> bool:
