@@ -103,13 +103,13 @@ class Startup:
         self.parts[name] = self.parts.get(name, 0.0) + now - self.last
         self.last = now
 
-    def first_step(self, seconds: float, inner: dict[str, float]) -> dict[str, Any]:
-        """The first step took ``seconds`` (ending now); ``inner``: what fasttrain timed inside
-        it (cuDNN plans, the CUDA graph's warm-up and capture). Returns the report: each part in
-        seconds, summing to ``total_s``, and the compile cache's hits."""
+    def first_step(self, t_step: float, inner: dict[str, float]) -> dict[str, Any]:
+        """The first step began at ``t_step`` and ends now; ``inner``: what fasttrain timed
+        inside it (cuDNN's plans). Returns the report: each part in seconds, summing to
+        ``total_s``, and the compile caches' hits."""
         now = time.perf_counter()
-        self.mark("before the first step")
-        self.parts["before the first step"] -= seconds  # the step's own time is split below
+        self.parts["before the first step"] = t_step - self.last
+        seconds = now - t_step  # split below
         totals = compile_totals()
         step = {**compile_parts(self.compile_before, totals), **inner}
         step = {k: v for k, v in step.items() if v > 0}

@@ -210,7 +210,7 @@ class Trainer:
         self.summary["time_to_first_step_s"] = now - self.t_start
         self.summary["first_step_s"] = now - t_step  # compile and autotuning, if any
         cudnn = {"cuDNN plans": selection_seconds() - self.cudnn_s}
-        self.summary["startup"] = self.startup.first_step(now - t_step, cudnn)
+        self.summary["startup"] = self.startup.first_step(t_step, cudnn)
         log.info(
             "first step done %.1f s after start; the step itself took %.1f s%s",
             self.summary["time_to_first_step_s"],
