@@ -21,16 +21,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15, help="longest kernels to list")
     args = p.parse_args()
     s = split(load_trace(args.trace))
-    total = sum(s.by_class.values()) or 1.0
     print(
         f"{args.trace.name}: {s.steps} profiled steps, {s.per_step():.2f} ms of GPU work per step"
     )
-    print("\n| kernels | ms per step | share |\n|---|---:|---:|")
-    for label, ms in sorted(s.by_class.items(), key=lambda kv: -kv[1]):
-        print(f"| {label} | {ms / s.steps:.2f} | {100 * ms / total:.1f}% |")
-    print("\n| kernel | class | ms per step |\n|---|---|---:|")
-    for name, label, ms in s.top(args.top):
-        print(f"| `{name[:90]}` | {label} | {ms:.3f} |")
+    print()
+    print("\n".join(s.tables(args.top)))
 
 
 if __name__ == "__main__":

@@ -101,20 +101,8 @@ def kernels_markdown(ranks: list[RankProfile]) -> str:
             )
             out.append("")
             continue
-        steps = max(k.steps, 1)
-        out += [
-            f"{k.per_step():.2f} ms of GPU work per step over {k.steps} profiled steps.",
-            "",
-            "| kernel class | ms per step | share of GPU time |",
-            "|---|---:|---:|",
-        ]
-        for label, share in k.shares().items():
-            out.append(f"| {label} | {k.by_class[label] / steps:.2f} | {100 * share:.1f}% |")
-        out += ["", "| kernel | class | ms per step |", "|---|---|---:|"]
-        for name, label, ms in k.top(TOP):
-            short = name if len(name) <= 100 else name[:97] + "..."
-            out.append(f"| `{short.replace('|', '/')}` | {label} | {ms:.3f} |")
-        out.append("")
+        out += [f"{k.per_step():.2f} ms of GPU work per step over {k.steps} profiled steps.", ""]
+        out += [*k.tables(TOP), ""]
     return "\n".join(out).rstrip()
 
 
@@ -144,8 +132,9 @@ def figure(ranks: list[RankProfile]) -> Any:
     if classes:
         cmap = plt.get_cmap("tab10")
         starts = [0.0] * len(ranks)
+        shares = [r.kernels.shares() for r in ranks]
         for i, c in enumerate(classes):
-            widths = [100 * r.kernels.shares().get(c, 0.0) for r in ranks]
+            widths = [100 * share.get(c, 0.0) for share in shares]
             right.barh(names, widths, left=starts, color=cmap(i % 10), label=c)
             starts = [s + w for s, w in zip(starts, widths, strict=True)]
         right.set_xlim(0, 100)

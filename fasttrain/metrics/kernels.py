@@ -72,6 +72,19 @@ class KernelSplit:
         ranked = sorted(self.by_name.items(), key=lambda kv: -kv[1])[:n]
         return [(name, classify(name), ms / max(self.steps, 1)) for name, ms in ranked]
 
+    def tables(self, top: int) -> list[str]:
+        """Markdown: GPU time per step by class with its share, and the ``top`` longest
+        kernels with their class."""
+        steps = max(self.steps, 1)
+        out = ["| kernel class | ms per step | share of GPU time |", "|---|---:|---:|"]
+        for label, share in self.shares().items():
+            out.append(f"| {label} | {self.by_class[label] / steps:.2f} | {100 * share:.1f}% |")
+        out += ["", "| kernel | class | ms per step |", "|---|---|---:|"]
+        for name, label, ms in self.top(top):
+            short = name if len(name) <= 100 else name[:97] + "..."
+            out.append(f"| `{short.replace('|', '/')}` | {label} | {ms:.3f} |")
+        return out
+
     def shares(self) -> dict[str, float]:
         """Each class's share of the GPU time, largest first."""
         total = sum(self.by_class.values()) or 1.0
