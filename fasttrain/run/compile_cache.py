@@ -32,7 +32,7 @@ log = logging.getLogger("fasttrain")
 FOLDER = "compile-cache"
 
 
-def use_cache_dir(cfg: Config) -> Path | None:
+def configure_compile_caches(cfg: Config) -> Path | None:
     """Point inductor and Triton at ``--compile-cache`` (or ``$FASTTRAIN_CACHE/compile``), and
     let AOT autograd cache graphs that hold fasttrain's autograd Functions; returns the
     directory, or None where inductor keeps its own default.

@@ -25,7 +25,7 @@ from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.model.build import build_configured_model
 from fasttrain.run.build import amp_dtype, build_evaluator
-from fasttrain.run.compile_cache import use_cache_dir
+from fasttrain.run.compile_cache import configure_compile_caches
 from fasttrain.run.folder import open_run_folder
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import (
@@ -47,7 +47,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
     try:  # a bad input leaves no run folder behind
         configure_backends(dist.device, t.strategy, t.deterministic)
         if t.compile:
-            use_cache_dir(cfg)
+            configure_compile_caches(cfg)
         seed_everything(t.seed)
         source = f"--weights {cfg.model.weights}"
         loaded = load_file(cfg.model.weights)

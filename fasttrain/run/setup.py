@@ -23,7 +23,7 @@ from fasttrain.metrics.startup import Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built, build
-from fasttrain.run.compile_cache import use_cache_dir
+from fasttrain.run.compile_cache import configure_compile_caches
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import load_weights, read_state_dict
 from fasttrain.step.training import Training
@@ -45,7 +45,7 @@ def set_up(
     if cfg.run.resume == "auto" and resumed is None:
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
-    if t.compile and (where := use_cache_dir(cfg)) is not None and dist.is_main:
+    if t.compile and (where := configure_compile_caches(cfg)) is not None and dist.is_main:
         log.info("compile caches in %s (--compile-cache)", where)
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device, t.strategy, t.deterministic)
