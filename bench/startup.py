@@ -52,9 +52,12 @@ def row(label: str, start: str, s: dict) -> str:
     parts = sorted(r["parts_s"].items(), key=lambda kv: -kv[1])[:TOP]
     named = ", ".join(f"{k} {v:.1f}" for k, v in parts)
     fx, aot = r["fx_graph_cache"], r.get("aot_autograd_cache", {})
+    traces = r.get("trace_cache", {})
     caches = f"FX {fx['hits']}/{fx['hits'] + fx['misses']}"
     if aot:
         caches += f", AOT {aot['hit']}/{aot['hit'] + aot['miss'] + aot['bypass']}"
+    if traces:
+        caches += f", trace {traces['hit']}/{sum(traces.values())}"
     rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""
     return f"| {label} | {start} | {r['total_s']:.1f} | {named} | {caches} | {rate} |"
 

@@ -84,12 +84,22 @@ class TrainConfig:
     compile_cache: str | None = option(
         None,
         "--compile-cache",
-        "directory for inductor's and Triton's compile caches (TORCHINDUCTOR_CACHE_DIR, "
-        "TRITON_CACHE_DIR); on a filesystem every node sees, the first node's compile serves "
-        "the others and the next job. Default: $FASTTRAIN_CACHE/compile where that is set, "
-        "else inductor's own (per machine). A run also keeps its compiled artifacts next to "
+        "directory for the compile caches: inductor's (TORCHINDUCTOR_CACHE_DIR, one "
+        "folder per set of settings that shape the step) and Triton's; on a filesystem every "
+        "node sees, the first node's compile serves the others and the next job. Default: "
+        "$FASTTRAIN_CACHE/compile, else ~/.cache/fasttrain/compile (with --no-trace-cache and "
+        "no $FASTTRAIN_CACHE: inductor's own). A run also keeps its compiled artifacts next to "
         "its checkpoints, so a resume on another machine starts warm",
         nullable=True,
+    )
+    trace_cache: bool = option(
+        True,
+        "--trace-cache",
+        "with --compile: keep dynamo's trace of the step in the compile cache too (torch's "
+        "caching precompile), so that a warm start neither traces the step nor rebuilds its "
+        "graphs, about half of a warm start (BENCHMARKS.md). Used where the step's shapes are "
+        "fixed for the run: not with --batch-size auto, --batch-sizes or "
+        "--progressive-resizing; --no-trace-cache traces at every start",
     )
     cuda_graphs: bool = option(
         False,

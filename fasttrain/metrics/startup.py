@@ -59,6 +59,9 @@ def compile_totals() -> dict[str, float]:
     aot = counters["aot_autograd"]  # AOT autograd's own cache: a bypass re-traces every start
     for name in ("hit", "miss", "bypass"):
         out[f"aot_cache_{name}"] = float(aot.get(f"autograd_cache_{name}", 0))
+    traces = counters["dynamo_cache"]  # dynamo's own (caching precompile): a hit traces nothing
+    for name in ("hit", "miss", "error"):
+        out[f"trace_cache_{name}"] = float(traces.get(f"dynamo_cache_{name}", 0))
     for m in get_compilation_metrics():
         known = {f.name for f in fields(m)}
         values = asdict(m)
@@ -126,6 +129,7 @@ class Startup:
             "parts_s": {k: round(v, 3) for k, v in parts.items()},
             "fx_graph_cache": {"hits": new("fx_cache_hits"), "misses": new("fx_cache_misses")},
             "aot_autograd_cache": {k: new(f"aot_cache_{k}") for k in ("hit", "miss", "bypass")},
+            "trace_cache": {k: new(f"trace_cache_{k}") for k in ("hit", "miss", "error")},
         }
 
 
@@ -140,7 +144,10 @@ def describe(report: dict[str, Any]) -> str:
             f"; AOT autograd's cache: {aot['hit']} hits, {aot['miss']} misses, "
             f"{aot['bypass']} bypassed"
         )
-    return f"start-up {report['total_s']:.1f} s: {shown}{graphs if sum(cache.values()) else ''}"
+    hits = report.get("trace_cache", {}).get("hit", 0)
+    loaded = f"; dynamo's trace loaded from the cache ({hits})" if hits else ""
+    graphs = graphs if sum(cache.values()) else ""
+    return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}"
 
 
 # (phase, path fragments of a frame's file, function-name fragments or None for any), most

@@ -1,16 +1,27 @@
 """Where compiled code is kept, so that a start compiles as little as possible.
 
-- **The caches' directory** (``--compile-cache``, else ``$FASTTRAIN_CACHE/compile`` where that is
-  set): inductor's and Triton's caches go there (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``),
-  so a directory on a shared filesystem lets every node and the next job find what one compiled.
-  Every rank compiles for ``cuda:0`` (``dist/devices.py``), so ranks share entries too.
+- **The caches' directory** (``--compile-cache``, else ``$FASTTRAIN_CACHE/compile``): inductor's
+  caches go to a folder of it per key (below), ``TORCHINDUCTOR_CACHE_DIR``, and Triton's to its
+  ``triton`` folder (``TRITON_CACHE_DIR``, keyed by each kernel's source), so a directory on a
+  shared filesystem lets every node and the next job find what one compiled. Every rank compiles
+  for ``cuda:0`` (``dist/devices.py``), so ranks share entries too.
+- **Dynamo's trace** (``--trace-cache``): torch's caching precompile keeps dynamo's transformed
+  step and its guards in inductor's folder (``dynamo/``), so a warm start skips the trace and the
+  graphs' rebuild. It keeps no guard on objects' identity (they differ in every process) and is
+  keyed by the step's source alone, and a trace loaded and then failing its guards cannot be
+  retraced in the same process (torch 2.11-2.14). So inductor's folder is one per key, which
+  holds every setting that shapes the step: no trace meets other settings. Where the shapes
+  change within a run (``--batch-size auto``, ``--batch-sizes``, ``--progressive-resizing``) it is
+  not used.
 - **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
   artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
-  autotuning caches), saved by the main process after the first step and again at a checkpoint
-  when more was compiled (evaluation's model), and loaded into the caches when a run starts in
-  that folder: a resume on a new machine starts warm. The key holds torch's, Triton's and cuDNN's
-  versions, the GPU and every setting that shapes the compiled step, so any change misses
-  cleanly (a new file); inductor's own keys still guard every entry inside.
+  autotuning caches, and dynamo's trace), saved by the main process after the first step and
+  again at a checkpoint when more was compiled (evaluation's model), and loaded into the caches
+  when a run starts in that folder, before the step is built (``torch.compile`` looks for the
+  trace as it wraps the function): a resume on a new machine starts warm. The key holds
+  torch's, Triton's and cuDNN's versions, the GPU and every setting that shapes the compiled
+  step, so any change misses cleanly (a new file); inductor's own keys still guard every entry
+  inside.
 """
 
 from __future__ import annotations
@@ -32,27 +43,40 @@ log = logging.getLogger("fasttrain")
 FOLDER = "compile-cache"
 
 
-def configure_compile_caches(cfg: Config) -> Path | None:
-    """Point inductor and Triton at ``--compile-cache`` (or ``$FASTTRAIN_CACHE/compile``), and
-    let AOT autograd cache graphs that hold fasttrain's autograd Functions; returns the
-    directory, or None where inductor keeps its own default.
+def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
+    """Point inductor and Triton at the compile cache (module notes), with dynamo's trace kept
+    where ``trace_cache_applies``, and let AOT autograd cache graphs that hold fasttrain's
+    autograd Functions; returns inductor's directory, or None where inductor keeps its own
+    default (no directory given, no ``$FASTTRAIN_CACHE``, ``--no-trace-cache``).
 
     AOT autograd's cache passes over any graph with a custom ``autograd.Function`` unless told
     otherwise (``autograd_cache_allow_custom_autograd_functions``), and the fused path's
     affine-ReLU and residual-ReLU steps are such Functions: every start then traced the joint
     graph again. Dynamo traces both directions of these Functions into the graph (they are
     pure torch ops), so the graph the cache is keyed on holds them whole."""
+    import torch._dynamo.config as dynamo_config
     from torch._functorch import config as functorch_config
 
     functorch_config.autograd_cache_allow_custom_autograd_functions = True
+    traces = trace_cache_applies(cfg)
+    dynamo_config.caching_precompile = traces
     given = cfg.train.compile_cache
-    if given is None and "FASTTRAIN_CACHE" not in os.environ:
+    if given is None and "FASTTRAIN_CACHE" not in os.environ and not traces:
         return None
-    where = Path(given).expanduser() if given else cache_dir() / "compile"
+    root = Path(given).expanduser() if given else cache_dir() / "compile"
+    where = root / key(cfg, world_size)
     where.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
-    os.environ["TRITON_CACHE_DIR"] = str(where / "triton")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
     return where
+
+
+def trace_cache_applies(cfg: Config) -> bool:
+    """``--trace-cache``, where the training step's shapes are fixed for the whole run (module
+    notes)."""
+    t = cfg.train
+    fixed = t.batch_size is not None and not t.batch_sizes and not cfg.data.progressive_resizing
+    return t.trace_cache and fixed
 
 
 def key(cfg: Config, world_size: int) -> str:
@@ -77,7 +101,9 @@ def key(cfg: Config, world_size: int) -> str:
         "image_size": [cfg.data.image_size, cfg.data.progressive_resizing],
         "train": [t.batch_size, t.batch_sizes, t.accum_steps, t.amp, t.compile_mode,
                   t.inductor_options, t.cuda_graphs, t.triton_kernels, t.strategy,
-                  t.model_ema, t.mixup_alpha, t.cutmix_alpha, t.random_erase],
+                  t.model_ema, t.mixup_alpha, t.cutmix_alpha, t.random_erase, t.deterministic,
+                  t.bucket_cap_mb],
+        "loss": [cfg.optim.label_smoothing],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

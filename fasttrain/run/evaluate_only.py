@@ -47,7 +47,7 @@ def evaluate_only(cfg: Config, dist: DistState) -> dict[str, Any]:
     try:  # a bad input leaves no run folder behind
         configure_backends(dist.device, t.strategy, t.deterministic)
         if t.compile:
-            configure_compile_caches(cfg)
+            configure_compile_caches(cfg, dist.world_size)
         seed_everything(t.seed)
         source = f"--weights {cfg.model.weights}"
         loaded = load_file(cfg.model.weights)

@@ -23,7 +23,7 @@ from fasttrain.metrics.startup import Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built, build
-from fasttrain.run.compile_cache import configure_compile_caches
+from fasttrain.run.compile_cache import Artifacts, configure_compile_caches
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import load_weights, read_state_dict
 from fasttrain.step.training import Training
@@ -45,7 +45,8 @@ def set_up(
     if cfg.run.resume == "auto" and resumed is None:
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
     configure(record=cfg.run.profile, nvtx=dist.device.type == "cuda")
-    if t.compile and (where := configure_compile_caches(cfg)) is not None and dist.is_main:
+    where = configure_compile_caches(cfg, dist.world_size) if t.compile else None
+    if where is not None and dist.is_main:
         log.info("compile caches in %s (--compile-cache)", where)
     log.debug("rank %d of %d: process %d", dist.rank, dist.world_size, os.getpid())
     configure_backends(dist.device, t.strategy, t.deterministic)
@@ -65,6 +66,8 @@ def set_up(
     loader_state = (
         resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
+    if t.compile:  # before torch.compile: it looks for dynamo's saved trace when it wraps
+        Artifacts(run_dir, cfg, dist.world_size, dist.is_main).load()
     built = build(cfg, dist, loader_state, startup)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)

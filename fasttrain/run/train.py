@@ -92,7 +92,6 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to the end of the run, or until a stop request; returns the run summary."""
         self.stop.install()
-        self.artifacts.load()  # before anything compiles: a resume on a new machine starts warm
         self.profiler.start()
         ended = False  # every rank came out of the loop: they can still exchange a profile
         try:

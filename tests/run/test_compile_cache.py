@@ -1,6 +1,7 @@
 """Compiled code kept for the next start (``run/compile_cache.py``), on the CPU: a run's own
 artifacts make a resume on a "new machine" (an empty cache directory) start warm, a changed
-setting has another key, and two processes of the next job both find the first job's cache."""
+setting has another key and never loads another's trace, and two processes of the next job both
+find the first job's cache."""
 
 from __future__ import annotations
 
@@ -28,13 +29,16 @@ def fasttrain(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
     return done
 
 
-def fx_cache(run_dir: Path, rank: int = 0) -> tuple[int, int]:
-    """(hits, misses) of inductor's FX graph cache at the first step of the folder's latest
-    run, from the rank's log (a resumed run appends to it)."""
+def warm(run_dir: Path, rank: int = 0) -> tuple[bool, int, int]:
+    """(dynamo's trace loaded, FX graph cache hits, misses) at the first step of the folder's
+    latest run, from the rank's log (a resumed run appends to it)."""
     lines = (run_dir / f"log-rank{rank}.txt").read_text().splitlines()
     line = [x for x in lines if "start-up" in x][-1]
+    loaded = "dynamo's trace loaded from the cache" in line
+    if "FX graph cache: " not in line:  # nothing compiled
+        return loaded, 0, 0
     hits, misses = line.split("FX graph cache: ")[1].split(" misses")[0].split(" hits, ")
-    return int(hits), int(misses)
+    return loaded, int(hits), int(misses)
 
 
 @pytest.mark.slow
@@ -45,7 +49,8 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
     saved = list((out / "compile-cache").glob("*.bin"))
     assert len(saved) == 1 and saved[0].stat().st_size > 0
     assert (tmp_path / "machine-a").is_dir() and any((tmp_path / "machine-a").iterdir())
-    assert fx_cache(out)[1] > 0  # it compiled
+    loaded, _, misses = warm(out)
+    assert not loaded and misses > 0  # it traced and compiled
     summary = json.loads((out / "summary.json").read_text())
     parts = summary["startup"]["parts_s"]
     assert parts["dynamo trace"] > 0 and parts["AOT autograd"] > 0
@@ -57,8 +62,7 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
               "--resume", "auto", "--compile-cache", tmp_path / "machine-b")  # fmt: skip
     log = (out / "log-rank0.txt").read_text()
     assert "compile cache entries from" in log and "this folder's earlier run" in log
-    hits, misses = fx_cache(out)
-    assert hits > 0 and misses == 0
+    assert warm(out) == (True, 0, 0)  # dynamo's trace loaded: nothing traced, nothing compiled
 
 
 def test_the_key_changes_with_what_shapes_the_compiled_step():
@@ -80,6 +84,7 @@ def test_the_key_changes_with_what_shapes_the_compiled_step():
         of("--amp", "bf16"),
         of("--compile-mode", "max-autotune-no-cudagraphs"),
         of("--image-size", "160"),
+        of("--label-smoothing", "0.1"),
         of(world=2),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
@@ -95,8 +100,40 @@ def test_the_next_jobs_two_processes_both_hit_the_first_jobs_cache(tiny_data, tm
     common = ["--nproc-per-node", "2", "--data", tiny_data, *COMPILE, "--batch-size", "8",
               "--max-steps", "2", "--compile-cache", cache]  # fmt: skip
     fasttrain(*common, "--output-dir", tmp_path / "job1")
-    assert fx_cache(tmp_path / "job1", 0)[1] > 0  # the first job compiled
+    assert warm(tmp_path / "job1", 0)[2] > 0  # the first job compiled
     fasttrain(*common, "--output-dir", tmp_path / "job2")
     for rank in (0, 1):
-        hits, misses = fx_cache(tmp_path / "job2", rank)
-        assert hits > 0 and misses == 0, (rank, hits, misses)
+        assert warm(tmp_path / "job2", rank) == (True, 0, 0), rank
+
+
+@pytest.mark.slow
+def test_a_trace_is_loaded_only_for_the_settings_it_was_traced_with(tiny_data, tmp_path):
+    """Another setting in the same --compile-cache traces and compiles afresh (loading the first
+    run's trace there would fail its guards, which torch cannot recover from); the first run's
+    settings with --no-trace-cache trace again and hit inductor's cache."""
+    cache = ["--compile-cache", tmp_path / "cache", "--max-steps", "2"]
+    fasttrain("--data", tiny_data, *COMPILE, *cache, "--output-dir", tmp_path / "a")
+    fasttrain("--data", tiny_data, *COMPILE, *cache, "--output-dir", tmp_path / "b",
+              "--label-smoothing", "0.3")  # fmt: skip
+    loaded, _, misses = warm(tmp_path / "b")
+    assert not loaded and misses > 0
+    fasttrain("--data", tiny_data, *COMPILE, *cache, "--output-dir", tmp_path / "c",
+              "--no-trace-cache")  # fmt: skip
+    loaded, hits, misses = warm(tmp_path / "c")
+    assert not loaded and hits > 0 and misses == 0
+    parts = json.loads((tmp_path / "c" / "summary.json").read_text())["startup"]["parts_s"]
+    assert parts["dynamo trace"] > 0
+
+
+def test_the_trace_cache_is_kept_only_where_the_steps_shapes_are_fixed():
+    from fasttrain.config.cli import parse_args
+    from fasttrain.run.compile_cache import trace_cache_applies
+
+    def applies(*flags: str) -> bool:
+        cfg = parse_args(["--data", "/d", "--compile", *flags], cuda_available=False)[0]
+        return trace_cache_applies(cfg)
+
+    assert applies()
+    assert not applies("--no-trace-cache")
+    assert not applies("--batch-size", "auto")
+    assert not applies("--progressive-resizing", "160:192:0:2")
