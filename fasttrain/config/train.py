@@ -97,9 +97,9 @@ class TrainConfig:
         "--trace-cache",
         "with --compile: keep dynamo's trace of the step in the compile cache too (torch's "
         "caching precompile), so that a warm start neither traces the step nor rebuilds its "
-        "graphs, about half of a warm start (BENCHMARKS.md). Used where the step's shapes are "
-        "fixed for the run: not with --batch-size auto, --batch-sizes or "
-        "--progressive-resizing; --no-trace-cache traces at every start",
+        "graphs, about half of a warm start (BENCHMARKS.md). Used by a single process whose "
+        "step's shapes are fixed for the run: not under DDP, --batch-size auto, --batch-sizes "
+        "or --progressive-resizing; --no-trace-cache traces at every start",
     )
     cuda_graphs: bool = option(
         False,

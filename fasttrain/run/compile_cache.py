@@ -12,7 +12,8 @@
   retraced in the same process (torch 2.11-2.14). So inductor's folder is one per key, which
   holds every setting that shapes the step: no trace meets other settings. Where the shapes
   change within a run (``--batch-size auto``, ``--batch-sizes``, ``--progressive-resizing``) it is
-  not used.
+  not used, nor with several processes: DDP's graphs, split at its buckets by dynamo, fail
+  AOT autograd's cache entry when the trace is kept ("expected OutputCode", torch 2.14).
 - **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
   artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
   autotuning caches, and dynamo's trace), saved by the main process after the first step and
@@ -58,7 +59,7 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
     from torch._functorch import config as functorch_config
 
     functorch_config.autograd_cache_allow_custom_autograd_functions = True
-    traces = trace_cache_applies(cfg)
+    traces = trace_cache_applies(cfg, world_size)
     dynamo_config.caching_precompile = traces
     given = cfg.train.compile_cache
     if given is None and "FASTTRAIN_CACHE" not in os.environ and not traces:
@@ -71,12 +72,12 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
     return where
 
 
-def trace_cache_applies(cfg: Config) -> bool:
-    """``--trace-cache``, where the training step's shapes are fixed for the whole run (module
+def trace_cache_applies(cfg: Config, world_size: int) -> bool:
+    """``--trace-cache``, where one process trains with shapes fixed for the whole run (module
     notes)."""
     t = cfg.train
     fixed = t.batch_size is not None and not t.batch_sizes and not cfg.data.progressive_resizing
-    return t.trace_cache and fixed
+    return t.trace_cache and fixed and world_size == 1
 
 
 def key(cfg: Config, world_size: int) -> str:

@@ -95,15 +95,17 @@ def test_the_key_changes_with_what_shapes_the_compiled_step():
 @pytest.mark.dist
 def test_the_next_jobs_two_processes_both_hit_the_first_jobs_cache(tiny_data, tmp_path):
     """Two gloo processes compile into one --compile-cache; in the next job (new folders, so no
-    artifacts of their own) both find every graph there."""
+    artifacts of their own) both find every graph there. (A cold run of two processes with the
+    trace kept failed in torch: the test also holds that it is not kept.)"""
     cache = tmp_path / "shared"
     common = ["--nproc-per-node", "2", "--data", tiny_data, *COMPILE, "--batch-size", "8",
               "--max-steps", "2", "--compile-cache", cache]  # fmt: skip
     fasttrain(*common, "--output-dir", tmp_path / "job1")
     assert warm(tmp_path / "job1", 0)[2] > 0  # the first job compiled
     fasttrain(*common, "--output-dir", tmp_path / "job2")
-    for rank in (0, 1):
-        assert warm(tmp_path / "job2", rank) == (True, 0, 0), rank
+    for rank in (0, 1):  # no trace is kept under DDP (compile_cache's notes)
+        loaded, hits, misses = warm(tmp_path / "job2", rank)
+        assert not loaded and hits > 0 and misses == 0, (rank, hits, misses)
 
 
 @pytest.mark.slow
@@ -129,11 +131,12 @@ def test_the_trace_cache_is_kept_only_where_the_steps_shapes_are_fixed():
     from fasttrain.config.cli import parse_args
     from fasttrain.run.compile_cache import trace_cache_applies
 
-    def applies(*flags: str) -> bool:
+    def applies(*flags: str, world: int = 1) -> bool:
         cfg = parse_args(["--data", "/d", "--compile", *flags], cuda_available=False)[0]
-        return trace_cache_applies(cfg)
+        return trace_cache_applies(cfg, world)
 
     assert applies()
+    assert not applies(world=2)
     assert not applies("--no-trace-cache")
     assert not applies("--batch-size", "auto")
     assert not applies("--progressive-resizing", "160:192:0:2")
