@@ -42,6 +42,7 @@ from fasttrain.metrics.startup import compile_totals
 log = logging.getLogger("fasttrain")
 
 FOLDER = "compile-cache"
+SHARED = "artifacts.bin"  # in inductor's folder for the key (Artifacts)
 
 
 def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
@@ -59,17 +60,25 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
     from torch._functorch import config as functorch_config
 
     functorch_config.autograd_cache_allow_custom_autograd_functions = True
-    traces = trace_cache_applies(cfg, world_size)
-    dynamo_config.caching_precompile = traces
-    given = cfg.train.compile_cache
-    if given is None and "FASTTRAIN_CACHE" not in os.environ and not traces:
+    dynamo_config.caching_precompile = trace_cache_applies(cfg, world_size)
+    where = inductor_dir(cfg, world_size)
+    if where is None:
         return None
-    root = Path(given).expanduser() if given else cache_dir() / "compile"
-    where = root / key(cfg, world_size)
     where.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
-    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    os.environ["TRITON_CACHE_DIR"] = str(where.parent / "triton")
     return where
+
+
+def inductor_dir(cfg: Config, world_size: int) -> Path | None:
+    """Inductor's cache directory for this run's key (module notes), or None for inductor's own
+    default (no directory given, no ``$FASTTRAIN_CACHE`` and no trace kept)."""
+    given = cfg.train.compile_cache
+    managed = given is not None or "FASTTRAIN_CACHE" in os.environ
+    if not (managed or trace_cache_applies(cfg, world_size)):
+        return None
+    root = Path(given).expanduser() if given else cache_dir() / "compile"
+    return root / key(cfg, world_size)
 
 
 def trace_cache_applies(cfg: Config, world_size: int) -> bool:
@@ -110,10 +119,17 @@ def key(cfg: Config, world_size: int) -> str:
 
 
 class Artifacts:
-    """A run folder's saved compile artifacts for this run's key (module notes)."""
+    """A run folder's saved compile artifacts for this run's key (module notes).
+
+    A start that loads dynamo's trace compiles nothing, so torch records nothing of the graphs
+    it runs and its own artifacts would hold only what it compiled later. So the run that
+    compiled also keeps its artifacts in inductor's folder for the key (``artifacts.bin``), and
+    a run that started from the trace keeps a copy of those, where they hold more."""
 
     def __init__(self, run_dir: Path, cfg: Config, world_size: int, is_main: bool):
         self.path = Path(run_dir) / FOLDER / f"{key(cfg, world_size)}.bin"
+        where = inductor_dir(cfg, world_size) if trace_cache_applies(cfg, world_size) else None
+        self.shared = where / SHARED if where is not None else None
         self.enabled = cfg.train.compile
         self.is_main = is_main
         self.saved_size = 0
@@ -137,8 +153,9 @@ class Artifacts:
         return True
 
     def save(self) -> None:
-        """Save what this process has compiled, where it holds more than the file (main
-        process); nothing when nothing was compiled since the last call (a checkpoint)."""
+        """Save what this process has compiled, or the key's artifacts where those hold more
+        (class notes), where it is more than the file holds (main process); nothing when nothing
+        was compiled since the last call (a checkpoint)."""
         if not (self.enabled and self.is_main):
             return
         compiled = compile_totals()  # unchanged since the last save: nothing new to keep
@@ -150,12 +167,21 @@ class Artifacts:
         except Exception as e:
             log.debug("compile artifacts not saved: %s", e)
             return
-        if saved is None or len(saved[0]) <= self.saved_size:
+        data = saved[0] if saved is not None else b""
+        shared = self.shared.read_bytes() if self.shared and self.shared.is_file() else b""
+        if len(data) > len(shared) and self.shared is not None:
+            _write(self.shared, data)
+        best = max(data, shared, key=len)
+        if len(best) <= self.saved_size:
             return
-        data = saved[0]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
-        self.saved_size = len(data)
-        log.debug("saved %.1f MB of compile artifacts to %s", len(data) / 2**20, self.path)
+        _write(self.path, best)
+        self.saved_size = len(best)
+        log.debug("saved %.1f MB of compile artifacts to %s", len(best) / 2**20, self.path)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """``data`` to ``path``, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

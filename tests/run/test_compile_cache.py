@@ -57,12 +57,21 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
     assert parts["imports, flags and the process group"] > 0 and "model and optimizer" in parts
     assert sum(parts.values()) == pytest.approx(summary["startup"]["total_s"], abs=0.05)
 
-    # the same folder resumed with an empty cache directory: the artifacts fill it
-    fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "4", "--output-dir", out,
-              "--resume", "auto", "--compile-cache", tmp_path / "machine-b")  # fmt: skip
-    log = (out / "log-rank0.txt").read_text()
-    assert "compile cache entries from" in log and "this folder's earlier run" in log
-    assert warm(out) == (True, 0, 0)  # dynamo's trace loaded: nothing traced, nothing compiled
+    # a second run on that machine starts from dynamo's trace, compiling nothing; it still
+    # keeps the artifacts the first run recorded
+    warm_run = tmp_path / "warm-run"
+    fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "2", "--output-dir", warm_run,
+              "--compile-cache", tmp_path / "machine-a")  # fmt: skip
+    assert warm(warm_run) == (True, 0, 0)
+
+    # each folder resumed with an empty cache directory: its artifacts fill it
+    for folder, machine in ((out, "machine-b"), (warm_run, "machine-c")):
+        fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "4", "--output-dir", folder,
+                  "--resume", "auto", "--compile-cache", tmp_path / machine)  # fmt: skip
+        log = (folder / "log-rank0.txt").read_text()
+        assert "compile cache entries from" in log and "this folder's earlier run" in log
+        # dynamo's trace loaded: nothing traced, nothing compiled
+        assert warm(folder) == (True, 0, 0), folder
 
 
 def test_the_key_changes_with_what_shapes_the_compiled_step():
