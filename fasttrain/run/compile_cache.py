@@ -61,6 +61,8 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
 
     functorch_config.autograd_cache_allow_custom_autograd_functions = True
     dynamo_config.caching_precompile = trace_cache_applies(cfg, world_size)
+    if dynamo_config.caching_precompile:  # it warns of each guard it drops, by design: dozens
+        logging.getLogger("torch._dynamo.guards").setLevel(logging.ERROR)
     where = inductor_dir(cfg, world_size)
     if where is None:
         return None
