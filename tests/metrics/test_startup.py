@@ -60,6 +60,17 @@ def test_the_parts_sum_to_the_time_to_the_first_step(monkeypatch):
     line = describe(report)
     assert line.startswith(f"start-up {report['total_s']:.1f} s: first step, other")
     assert "FX graph cache" not in line  # nothing compiled
+    assert "dynamo's trace" not in line
+
+
+def test_a_start_from_dynamos_trace_says_so(monkeypatch):
+    totals = {"trace_cache_hit": 0.0}  # torch's counters as read at start, then at the step
+    monkeypatch.setattr(startup, "compile_totals", lambda: dict(totals))
+    clock = Startup(time.perf_counter())
+    totals["trace_cache_hit"] = 1.0
+    report = clock.first_step(time.perf_counter(), {})
+    assert report["trace_cache"] == {"hit": 1, "miss": 0, "error": 0}
+    assert describe(report).endswith("; dynamo's trace loaded from the cache (1)")
 
 
 def _in_file(path: str, source: str) -> dict:
