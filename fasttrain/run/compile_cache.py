@@ -110,11 +110,14 @@ def key(cfg: Config, world_size: int) -> str:
         "device": device or t.device,
         "world_size": world_size,
         "model": [m.arch, m.num_classes, m.channels_last, m.fused_bn, m.cudnn_bn],
-        "image_size": [cfg.data.image_size, cfg.data.progressive_resizing],
+        # the loader sets the input's type (DALI's fp16, torchvision's fp32); val's crop, the
+        # evaluation's compiled shape
+        "data": [cfg.data.image_size, cfg.data.progressive_resizing, cfg.data.loader,
+                 cfg.data.val_crop_size],
         "train": [t.batch_size, t.batch_sizes, t.accum_steps, t.amp, t.compile_mode,
                   t.inductor_options, t.cuda_graphs, t.triton_kernels, t.strategy,
                   t.model_ema, t.mixup_alpha, t.cutmix_alpha, t.random_erase, t.deterministic,
-                  t.bucket_cap_mb],
+                  t.bucket_cap_mb, t.sync_bn],
         "loss": [cfg.optim.label_smoothing],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -94,6 +94,8 @@ def test_the_key_changes_with_what_shapes_the_compiled_step():
         of("--compile-mode", "max-autotune-no-cudagraphs"),
         of("--image-size", "160"),
         of("--label-smoothing", "0.1"),
+        of("--loader", "synthetic"),
+        of("--val-crop-size", "192"),
         of(world=2),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
