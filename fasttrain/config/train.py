@@ -97,7 +97,7 @@ class TrainConfig:
         "--trace-cache",
         "with --compile: keep dynamo's trace of the step in the compile cache too (torch's "
         "caching precompile), so that a warm start neither traces the step nor rebuilds its "
-        "graphs, about half of a warm start (BENCHMARKS.md). Used by a single process whose "
+        "graphs (BENCHMARKS.md, start-up). Used by a single process whose "
         "step's shapes are fixed for the run: not under DDP, --batch-size auto, --batch-sizes "
         "or --progressive-resizing; --no-trace-cache traces at every start",
     )

@@ -1,6 +1,7 @@
 """Where compiled code is kept, so that a start compiles as little as possible.
 
-- **The caches' directory** (``--compile-cache``, else ``$FASTTRAIN_CACHE/compile``): inductor's
+- **The caches' directory** (``--compile-cache``, else ``$FASTTRAIN_CACHE/compile`` or
+  ``~/.cache/fasttrain/compile``; with no trace kept and neither set, inductor's own): inductor's
   caches go to a folder of it per key (below), ``TORCHINDUCTOR_CACHE_DIR``, and Triton's to its
   ``triton`` folder (``TRITON_CACHE_DIR``, keyed by each kernel's source), so a directory on a
   shared filesystem lets every node and the next job find what one compiled. Every rank compiles
@@ -9,7 +10,7 @@
   step and its guards in inductor's folder (``dynamo/``), so a warm start skips the trace and the
   graphs' rebuild. It keeps no guard on objects' identity (they differ in every process) and is
   keyed by the step's source alone, and a trace loaded and then failing its guards cannot be
-  retraced in the same process (torch 2.11-2.14). So inductor's folder is one per key, which
+  retraced in the same process (seen on torch 2.14). So inductor's folder is one per key, which
   holds every setting that shapes the step: no trace meets other settings. Where the shapes
   change within a run (``--batch-size auto``, ``--batch-sizes``, ``--progressive-resizing``) it is
   not used, nor with several processes: DDP's graphs, split at its buckets by dynamo, fail
