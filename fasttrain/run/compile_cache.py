@@ -87,9 +87,20 @@ def inductor_dir(cfg: Config, world_size: int) -> Path | None:
 def trace_cache_applies(cfg: Config, world_size: int) -> bool:
     """``--trace-cache``, where one process trains with shapes fixed for the whole run (module
     notes)."""
+    return cfg.train.trace_cache and why_no_trace(cfg, world_size) is None
+
+
+def why_no_trace(cfg: Config, world_size: int) -> str | None:
+    """Why dynamo's trace is not kept for this run whatever ``--trace-cache`` says, or None."""
     t = cfg.train
-    fixed = t.batch_size is not None and not t.batch_sizes and not cfg.data.progressive_resizing
-    return t.trace_cache and fixed and world_size == 1
+    if world_size > 1:
+        return "dynamo's trace is kept for one process only"
+    if t.batch_size is None or t.batch_sizes or cfg.data.progressive_resizing:
+        return (
+            "dynamo's trace is not kept where the step's shapes change within the run "
+            "(--batch-size auto, --batch-sizes, --progressive-resizing)"
+        )
+    return None
 
 
 def key(cfg: Config, world_size: int) -> str:

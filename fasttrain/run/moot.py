@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from fasttrain.config import OPTION_BY_KEY, Config
+from fasttrain.run.compile_cache import why_no_trace
 
 # the DDP wrapper's settings: read only with --strategy ddp
 DDP_ONLY = (
@@ -81,9 +82,12 @@ MOOT = (
          lambda c, _: c.optim.opt != "lars",
          lambda c, _: f"unused with --opt {c.optim.opt}"),
     Moot(EMA, lambda c, _: not c.train.model_ema, lambda c, _: "unused without --model-ema"),
-    Moot(("train.compile_cache",),
+    Moot(("train.compile_cache", "train.trace_cache"),
          lambda c, _: not c.train.compile,
          lambda c, _: "unused without --compile"),
+    Moot(("train.trace_cache",),
+         lambda c, launch: c.train.compile and why_no_trace(c, launch.world_size) is not None,
+         lambda c, launch: f"unused: {why_no_trace(c, launch.world_size)}"),
     Moot(MIXING,
          lambda c, _: not (c.train.mixup_alpha > 0 or c.train.cutmix_alpha > 0),
          lambda c, _: "unused without --mixup-alpha or --cutmix-alpha"),

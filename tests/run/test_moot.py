@@ -23,6 +23,11 @@ def _modes() -> list[tuple[Config, Launch]]:
         cfg.data.loader, cfg.train.device, cfg.optim.lr_schedule = loader, device, schedule
         cfg.train.strategy, cfg.run.test_only = "none", test_only
         out.append((cfg, Launch(1)))
+    for world, strategy, batch in [(2, "ddp", 256), (1, "none", None)]:  # compiled
+        cfg = Config()
+        cfg.data.loader, cfg.train.device, cfg.train.compile = "synthetic", "cuda", True
+        cfg.train.strategy, cfg.train.batch_size = strategy, batch
+        out.append((cfg, Launch(world)))
     return out
 
 
