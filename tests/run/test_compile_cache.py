@@ -41,14 +41,25 @@ def warm(run_dir: Path, rank: int = 0) -> tuple[bool, int, int]:
     return loaded, int(hits), int(misses)
 
 
-@pytest.mark.slow
-def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data, tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def first_run(tiny_data, tmp_path_factory) -> tuple[Path, Path]:
+    """(run folder, cache directory) of a cold compiled run, shared by the tests below: a cold
+    compile is most of a minute on the CPU."""
+    where = tmp_path_factory.mktemp("first")
+    out, cache = where / "run", where / "machine-a"
     fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "2", "--output-dir", out,
-              "--compile-cache", tmp_path / "machine-a")  # fmt: skip
+              "--compile-cache", cache)  # fmt: skip
+    return out, cache
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(
+    tiny_data, first_run, tmp_path
+):
+    out, machine_a = first_run
     saved = list((out / "compile-cache").glob("*.bin"))
     assert len(saved) == 1 and saved[0].stat().st_size > 0
-    assert (tmp_path / "machine-a").is_dir() and any((tmp_path / "machine-a").iterdir())
+    assert machine_a.is_dir() and any(machine_a.iterdir())
     loaded, _, misses = warm(out)
     assert not loaded and misses > 0  # it traced and compiled
     summary = json.loads((out / "summary.json").read_text())
@@ -61,7 +72,7 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(tiny_data
     # keeps the artifacts the first run recorded
     warm_run = tmp_path / "warm-run"
     fasttrain("--data", tiny_data, *COMPILE, "--max-steps", "2", "--output-dir", warm_run,
-              "--compile-cache", tmp_path / "machine-a")  # fmt: skip
+              "--compile-cache", machine_a)  # fmt: skip
     assert warm(warm_run) == (True, 0, 0)
 
     # each folder resumed with an empty cache directory: its artifacts fill it
@@ -120,12 +131,11 @@ def test_the_next_jobs_two_processes_both_hit_the_first_jobs_cache(tiny_data, tm
 
 
 @pytest.mark.slow
-def test_a_trace_is_loaded_only_for_the_settings_it_was_traced_with(tiny_data, tmp_path):
-    """Another setting in the same --compile-cache traces and compiles afresh (loading the first
-    run's trace there would fail its guards, which torch cannot recover from); the first run's
+def test_a_trace_is_loaded_only_for_the_settings_it_was_traced_with(tiny_data, first_run, tmp_path):
+    """Another setting in the first run's --compile-cache traces and compiles afresh (loading
+    that run's trace would fail its guards, which torch cannot recover from); the first run's
     settings with --no-trace-cache trace again and hit inductor's cache."""
-    cache = ["--compile-cache", tmp_path / "cache", "--max-steps", "2"]
-    fasttrain("--data", tiny_data, *COMPILE, *cache, "--output-dir", tmp_path / "a")
+    cache = ["--compile-cache", first_run[1], "--max-steps", "2"]
     fasttrain("--data", tiny_data, *COMPILE, *cache, "--output-dir", tmp_path / "b",
               "--label-smoothing", "0.3")  # fmt: skip
     loaded, _, misses = warm(tmp_path / "b")
