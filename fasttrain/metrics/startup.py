@@ -49,13 +49,11 @@ def compile_totals() -> dict[str, float]:
     if "torch._dynamo" not in sys.modules:  # nothing compiled yet; importing it costs a second
         return {}
     try:
-        from torch._dynamo.utils import get_compilation_metrics
+        from torch._dynamo.utils import counters, get_compilation_metrics
     except ImportError:
         return {}
     out = dict.fromkeys(COMPILE_FIELDS, 0.0)
     out.update(fx_cache_hits=0.0, fx_cache_misses=0.0)
-    from torch._dynamo.utils import counters
-
     aot = counters["aot_autograd"]  # AOT autograd's own cache: a bypass re-traces every start
     for name in ("hit", "miss", "bypass"):
         out[f"aot_cache_{name}"] = float(aot.get(f"autograd_cache_{name}", 0))

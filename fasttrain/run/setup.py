@@ -37,10 +37,11 @@ def set_up(
     run_dir: Path,
     resumed: tuple[str, dict[str, Any]] | None,
     startup: Startup,
-) -> tuple[Built, int]:
+) -> tuple[Built, int, Artifacts]:
     """Everything between the run directory and the first step: backends and seeds, the batch
     size, the parts (``builder.build``), the resume, the folder's lineage, each phase marked in
-    ``startup``. Returns the parts and the step to start from."""
+    ``startup``. Returns the parts, the step to start from and the run folder's compile
+    artifacts (loaded)."""
     t = cfg.train
     if cfg.run.resume == "auto" and resumed is None:
         log.info("--resume auto: no checkpoint in %s yet; starting from scratch", run_dir)
@@ -66,8 +67,8 @@ def set_up(
     loader_state = (
         resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
-    if t.compile:  # before torch.compile: it looks for dynamo's saved trace when it wraps
-        Artifacts(run_dir, cfg, dist.world_size, dist.is_main).load()
+    artifacts = Artifacts(run_dir, cfg, dist.world_size, dist.is_main)
+    artifacts.load()  # before torch.compile: it looks for dynamo's saved trace when it wraps
     built = build(cfg, dist, loader_state, startup)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
@@ -101,7 +102,7 @@ def set_up(
     dist.barrier("the barrier after preparing the run directory")
     log_setup(cfg, dist, built, step)
     startup.mark("weights, resume and the run directory")
-    return built, step
+    return built, step, artifacts
 
 
 def total_steps(cfg: Config, training: Training) -> int:

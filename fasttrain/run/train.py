@@ -46,7 +46,13 @@ class Trainer:
     at each epoch's end (and every ``--ckpt-every-steps``), stop when asked."""
 
     def __init__(
-        self, cfg: Config, dist: DistState, built: Built, start_step: int, startup: Startup
+        self,
+        cfg: Config,
+        dist: DistState,
+        built: Built,
+        start_step: int,
+        startup: Startup,
+        artifacts: Artifacts,
     ):
         self.cfg, self.dist, self.built = cfg, dist, built
         self.training = built.training
@@ -56,7 +62,7 @@ class Trainer:
         self.total_steps = total_steps(cfg, self.training)
         self.startup, self.t_start = startup, startup.t_start
         self.cudnn_s = selection_seconds()  # cuDNN's plans timed before the first step
-        self.artifacts = Artifacts(self.run_dir, cfg, dist.world_size, dist.is_main)
+        self.artifacts = artifacts  # saved after the first step and at checkpoints
         self.timer = StepTimer(dist.device)  # each step's GPU time, read with its log interval
         self.metrics = Metrics(
             self.run_dir,
@@ -409,7 +415,7 @@ def train(cfg: Config, dist: DistState, startup: Startup | None = None) -> dict[
         return {"steps": step, "complete": True}
     folder = open_run_folder(cfg, dist)  # this run's from here on: its lock is taken
     try:  # until training starts, a bad input leaves no run folder behind
-        built, step = set_up(cfg, dist, folder.path, resumed, startup)
+        built, step, artifacts = set_up(cfg, dist, folder.path, resumed, startup)
     except UserError:
         folder.discard(dist)
         raise
@@ -417,6 +423,6 @@ def train(cfg: Config, dist: DistState, startup: Startup | None = None) -> dict[
         folder.release()
         raise
     try:
-        return Trainer(cfg, dist, built, step, startup).fit()
+        return Trainer(cfg, dist, built, step, startup, artifacts).fit()
     finally:
         folder.release()
