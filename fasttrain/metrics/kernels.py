@@ -95,19 +95,15 @@ class KernelSplit:
 def split(trace: dict[str, Any]) -> KernelSplit:
     """The kernels the trace's profiled steps launched (module notes)."""
     events = trace.get("traceEvents", [])
-    annotations = [
-        e
-        for e in events
-        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
-    ]
-    in_steps = _launched_in_steps(events, annotations)
+    annotations = step_annotations(events)
+    in_steps = launched_in_steps(events, annotations)
     by_class: dict[str, float] = defaultdict(float)
     by_name: dict[str, float] = defaultdict(float)
     for e in events:
         cat = e.get("cat", "")
         if cat not in GPU_CATEGORIES or "dur" not in e:
             continue
-        if in_steps is not None and _correlation(e) not in in_steps:
+        if in_steps is not None and correlation(e) not in in_steps:
             continue
         ms = e["dur"] / 1000.0
         by_class[classify(e.get("name", ""), cat)] += ms
@@ -115,25 +111,36 @@ def split(trace: dict[str, Any]) -> KernelSplit:
     return KernelSplit(max(len(annotations), 1), dict(by_class), dict(by_name))
 
 
-def _correlation(event: dict) -> object:
+def correlation(event: dict) -> object:
     return (event.get("args") or {}).get("correlation")
 
 
-def _launched_in_steps(events: list[dict], annotations: list[dict]) -> set | None:
-    """The correlation ids of host launches inside a ``ProfilerStep#N`` annotation, or None
-    where the trace cannot say (no timed annotations, or no kernel tied to a host launch)."""
+def step_annotations(events: list[dict]) -> list[dict]:
+    """The trace's ``ProfilerStep#N`` annotations, one per profiled step."""
+    return [
+        e
+        for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+
+
+def launched_in_steps(events: list[dict], annotations: list[dict]) -> dict | None:
+    """Each host launch inside a ``ProfilerStep#N`` annotation, by correlation id: the index of
+    its step (in time order). None where the trace cannot say (no timed annotations, or no
+    kernel tied to a host launch)."""
     windows = sorted(
         (float(a["ts"]), float(a["ts"]) + float(a["dur"]))
         for a in annotations
         if "ts" in a and "dur" in a
     )
     launched = {
-        _correlation(e): float(e["ts"])
+        correlation(e): float(e["ts"])
         for e in events
-        if e.get("cat") not in GPU_CATEGORIES and _correlation(e) is not None and "ts" in e
+        if e.get("cat") not in GPU_CATEGORIES and correlation(e) is not None and "ts" in e
     }
-    tied = any(_correlation(e) in launched for e in events if e.get("cat") in GPU_CATEGORIES)
+    tied = any(correlation(e) in launched for e in events if e.get("cat") in GPU_CATEGORIES)
     if not windows or not tied:
         return None
     starts, ends = [lo for lo, _ in windows], [hi for _, hi in windows]
-    return {corr for corr, at in launched.items() if window_of(starts, ends, at) is not None}
+    steps = {corr: window_of(starts, ends, at) for corr, at in launched.items()}
+    return {corr: i for corr, i in steps.items() if i is not None}
