@@ -2,14 +2,21 @@
 with the whole-step CUDA graph, in bf16 at batch 256; then the compiled, graphed step's
 precisions and BatchNorm paths (bf16 and fp16, each plain and with ``--cudnn-bn``; fp16 with
 ``--fused-bn``) at batch 256 and 512, bf16 and fp16 ``--fused-bn`` under ``--compile-mode
-auto``, ``--fused-bn`` with cuDNN's autotuning timing 10 or every plan per convolution, and
-``--fused-bn`` with the BN prologue folded into none, the 3x3 or all of the convolutions, with
-its ReLU gradient masked by the normalise pass's input or output, with or without each block
-end's masked gradient stored once and its stem's BN run as the others, with its stem's image
-padded to 4 channels or not, with its weights cast to fp16 once or again in the backward, and
-with its stem's max-pool by the row or the window kernels (in both compile modes). A
-round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture happen
-there). img/s and peak memory in ``extra_info``.
+auto``, and ``--fused-bn``'s variants:
+
+- cuDNN's autotuning timing 10 or every plan per convolution;
+- its fused convolutions' cuDNN plans timed eagerly or replayed from a CUDA graph;
+- the BN prologue folded into none, the 3x3 or all of the convolutions;
+- its ReLU gradient masked by the normalise pass's input or output;
+- with or without each block end's masked gradient stored once and its stem's BN run as the
+  others;
+- its stem's image padded to 4 channels or not;
+- its weights cast to fp16 once or again in the backward;
+- its stem's max-pool by the row or the window kernels (in both compile modes);
+- one of inductor's options on top of each compile mode's.
+
+A round is 25 steps ending in a device sync, after 30 warm-up steps (compile and capture
+happen there). img/s and peak memory in ``extra_info``.
 
 Then what each recipe piece costs in the compiled, graphed bf16 step at batch 256 (EMA,
 mixup/CutMix, random erasing, gradient clipping, LARS, and torchvision's v2 pieces together),
@@ -97,6 +104,26 @@ def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
     one()
     torch.cuda.synchronize()
     benchmark.extra_info["first_step_s"] = time.perf_counter() - start
+    time_step(benchmark, one, step, BATCH)
+    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+@pytest.mark.benchmark(group="fused-bn cuDNN plans timed eagerly or replayed")
+@pytest.mark.parametrize("timing", ["eager", "replay"])
+def test_fused_bn_plan_timing(benchmark, timing, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 on the Triton max-pool with each fused
+    convolution's cuDNN plan chosen by eager executions (the default) or by the replay of a CUDA
+    graph (``cudnn.graph.TIMING``), as the step runs it: whether plans with fewer memsets and
+    workspace kernels win there. cuDNN's plan selection time in ``extra_info``."""
+    from fasttrain.model.cudnn import graph as cudnn_graph
+
+    monkeypatch.setattr(cudnn_graph, "TIMING", timing)
+    before = cudnn_graph.selection_seconds()
+    torch.cuda.reset_peak_memory_stats()
+    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool")
+    one()
+    torch.cuda.synchronize()
+    benchmark.extra_info["plan_selection_s"] = cudnn_graph.selection_seconds() - before
     time_step(benchmark, one, step, BATCH)
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
@@ -209,6 +236,35 @@ def test_fused_bn_stem_bn_in_pool(benchmark, stem, mode, monkeypatch):
     tuned = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
     whole = stem.startswith("whole")
     time_fused_variant(benchmark, monkeypatch, "maxpool", overrides=tuned, stem_bn_in_pool=whole)
+
+
+# inductor's options screened on the fused step (each as --inductor-options takes it)
+INDUCTOR_SCREEN = [
+    "none",
+    "triton.prefer_nd_tiling",
+    "triton.tile_reductions",
+    "triton.enable_pdl",
+    "triton.multi_kernel=1",
+    "aggressive_fusion",
+]
+
+
+@pytest.mark.benchmark(group="fused-bn inductor options")
+@pytest.mark.parametrize("mode", ["default", "auto"])
+@pytest.mark.parametrize("options", INDUCTOR_SCREEN)
+def test_fused_bn_inductor_options(benchmark, options, mode, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) with one of inductor's
+    options on top of what the mode sets: in ``default`` mode and under ``--compile-mode auto``
+    (the coordinate-descent tuning, minutes on a first start). An option this torch lacks
+    skips."""
+    from torch._inductor import config as inductor_config
+
+    if options != "none" and options.split("=")[0] not in inductor_config.get_config_copy():
+        pytest.skip(f"this torch's inductor has no {options.split('=')[0]}")
+    given = [FASTEST_INDUCTOR_OPTIONS] if mode == "auto" else []
+    given += [options] if options != "none" else []
+    overrides = {"train.inductor_options": ",".join(given) or "none"}
+    time_fused_variant(benchmark, monkeypatch, "maxpool", overrides=overrides)
 
 
 # torchvision's v2 recipe's in-step pieces (its augmentation in the loader is measured end to end)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fasttrain.model.cudnn import graph as cudnn_graph
 from fasttrain.model.cudnn.graph import select_fastest
 
 
@@ -25,10 +26,13 @@ class _Graph:
 
 
 @pytest.mark.gpu
-def test_the_fastest_plan_that_captures_is_kept():
+@pytest.mark.parametrize("timing", ["eager", "replay"])
+def test_the_fastest_plan_that_captures_is_kept(timing, monkeypatch):
     """A plan that runs eagerly but invalidates a CUDA-graph capture (here: a host sync) is
     passed over although it times fastest, since the trainer replays its step from a graph;
-    of the others the faster is kept, and the device captures and replays as before."""
+    of the others the faster is kept, and the device captures and replays as before. Both ways
+    of timing a plan (``TIMING``)."""
+    monkeypatch.setattr(cudnn_graph, "TIMING", timing)
     x = torch.ones(1 << 20, device="cuda")
     graph = _Graph(3)
 

@@ -65,6 +65,14 @@ def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = N
         _selecting_s += time.perf_counter() - t0
 
 
+# How each plan is timed: "eager" launches it three times from Python; "replay" captures three
+# launches in a CUDA graph and times a replay, as the trainer's step runs it: cuDNN's own memsets
+# and workspace kernels then cost their graph nodes and the gaps between them, and the host's
+# launch overhead none of it. Eager is the default until the step measures the difference.
+TIMING = "eager"
+REPEATS = 3
+
+
 def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> None:
     """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
     and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
@@ -72,7 +80,8 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
     convolutions: the heuristics' first choice was several times slower than the bare
     convolution for some shapes. Building a plan compiles its kernel (about 0.3 s each; cuDNN
     ranks 30-36 plans for a BN graph), hence ``limit``. Under a CUDA-graph capture nothing can
-    be timed: the heuristics' first plan that builds is kept."""
+    be timed: the heuristics' first plan that builds is kept. ``TIMING`` says how a plan is
+    timed."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
         return
@@ -85,17 +94,12 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
         except Exception:  # a declined engine: try the next
             continue
         workspace = graph.get_workspace_size()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         try:
             run(workspace)
-            start.record()
-            for _ in range(3):
-                run(workspace)
-            end.record()
-            end.synchronize()
+            ms = _replayed_ms(run, workspace) if TIMING == "replay" else _eager_ms(run, workspace)
         except Exception:  # a plan that builds but does not run: the next
             continue
-        if not _captures(run, workspace):  # the step replays it from a CUDA graph
+        if ms is None:  # the step replays it from a CUDA graph
             log.debug(
                 "cuDNN plan %d of %d runs but does not capture",
                 index,
@@ -103,11 +107,41 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
             )
             continue
         tried += 1
-        if start.elapsed_time(end) < best_ms:
-            best, best_ms = index, start.elapsed_time(end)
+        if ms < best_ms:
+            best, best_ms = index, ms
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
+
+
+def _eager_ms(run: Callable[[int], None], workspace: int) -> float | None:
+    """GPU milliseconds of ``REPEATS`` eager executions, or None where one does not capture."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPEATS):
+        run(workspace)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) if _captures(run, workspace) else None
+
+
+def _replayed_ms(run: Callable[[int], None], workspace: int) -> float | None:
+    """GPU milliseconds of one replay of ``REPEATS`` executions captured in a CUDA graph (after
+    a first replay), or None where they do not capture."""
+    captured = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+            for _ in range(REPEATS):
+                run(workspace)
+    except Exception:
+        return None
+    captured.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    captured.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def _captures(run: Callable[[int], None], workspace: int) -> bool:
