@@ -8,6 +8,8 @@ TensorBoard and need nothing from outside, so a ``--profile`` run writes what it
   overlapped, copies alone, GPU idle), the host's time waiting for the loader, copying to the
   device and in sync calls, and the rank's trace files;
 - ``profile/top_kernels`` (Text): per rank, the GPU time by kernel class and the longest kernels;
+- ``profile/idle_gaps`` (Text): per rank, where the GPU sat idle inside the steps: the gaps by
+  length and by the kernel classes on either side (``gaps.py``);
 - ``profile/step_parts`` (Images): each rank's step as a stacked bar by part, and its GPU time by
   kernel class, side by side, so an unbalanced rank shows at a glance (needs matplotlib, the
   ``profile`` extra).
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fasttrain.metrics.breakdown import PARTS
+from fasttrain.metrics.gaps import Gaps
 from fasttrain.metrics.kernels import KernelSplit
 
 log = logging.getLogger("fasttrain")
@@ -51,12 +54,16 @@ class RankProfile:
     mean_ms: dict[str, float] | None  # ``breakdown.StepTimes`` as a dict; None: no steps
     device: str  # "gpu", or "cpu" when the traces hold no GPU activity
     kernels: KernelSplit = field(default_factory=KernelSplit)
+    gaps: Gaps = field(default_factory=Gaps)
 
     def compact(self) -> RankProfile:
-        """The same, with only the longest kernels by name: what every rank sends stays small."""
+        """The same, with only the longest kernels by name and the idlest neighbour pairs: what
+        every rank sends stays small."""
         keep = dict(sorted(self.kernels.by_name.items(), key=lambda kv: -kv[1])[:TOP])
         k = KernelSplit(self.kernels.steps, dict(self.kernels.by_class), keep)
-        return RankProfile(self.rank, self.traces, self.mean_ms, self.device, k)
+        return RankProfile(
+            self.rank, self.traces, self.mean_ms, self.device, k, self.gaps.compact(TOP)
+        )
 
 
 def _cell(ms: float, total: float) -> str:
@@ -149,11 +156,24 @@ def figure(ranks: list[RankProfile]) -> Any:
     return fig
 
 
+def gaps_markdown(ranks: list[RankProfile]) -> str:
+    """Per rank: the GPU's idle gaps inside the profiled steps, by length and by neighbours."""
+    out = []
+    for r in sorted(ranks, key=lambda r: r.rank):
+        out += [f"**rank {r.rank}**", ""]
+        if not r.kernels.by_class:
+            out += ["No GPU kernels in the profiled steps (a CPU run).", ""]
+            continue
+        out += [*r.gaps.tables(TOP), ""]
+    return "\n".join(out).rstrip()
+
+
 def write(writer: Any, step: int, ranks: list[RankProfile]) -> None:
-    """Write the three entries (module notes) with a ``SummaryWriter``; without matplotlib, the
+    """Write the four entries (module notes) with a ``SummaryWriter``; without matplotlib, the
     text only, and a line saying how to get the picture."""
     writer.add_text("profile/breakdown", breakdown_markdown(ranks), step)
     writer.add_text("profile/top_kernels", kernels_markdown(ranks), step)
+    writer.add_text("profile/idle_gaps", gaps_markdown(ranks), step)
     try:
         fig = figure(ranks)
     except ImportError:

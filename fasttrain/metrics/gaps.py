@@ -14,7 +14,7 @@ the steps' seam.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fasttrain.metrics.kernels import (
@@ -42,18 +42,55 @@ class Gaps:
     """Idle gaps summed over ``steps`` profiled steps: by the classes before and after each gap
     (count, µs), by length (count, µs), and at the seams between steps (count, µs)."""
 
-    steps: int
-    by_pair: dict[tuple[str, str], tuple[int, float]]
-    by_length: dict[str, tuple[int, float]]
-    seams: tuple[int, float]
+    steps: int = 0
+    by_pair: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    by_length: dict[str, tuple[int, float]] = field(default_factory=dict)
+    seams: tuple[int, float] = (0, 0.0)
+
+    def add(self, other: Gaps) -> Gaps:
+        """Both traces' gaps together (one rank's cycles)."""
+
+        def merged(a: dict, b: dict) -> dict:
+            out = dict(a)
+            for k, (n, us) in b.items():
+                n0, us0 = out.get(k, (0, 0.0))
+                out[k] = (n0 + n, us0 + us)
+            return out
+
+        return Gaps(
+            self.steps + other.steps,
+            merged(self.by_pair, other.by_pair),
+            merged(self.by_length, other.by_length),
+            (self.seams[0] + other.seams[0], self.seams[1] + other.seams[1]),
+        )
+
+    def compact(self, top: int) -> Gaps:
+        """The same with only the ``top`` neighbour pairs by idle time (what a rank sends);
+        the totals (``idle_ms``, ``count``) come from the length bins, which keep every gap."""
+        keep = dict(sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top])
+        return Gaps(self.steps, keep, dict(self.by_length), self.seams)
+
+    def as_dict(self, top: int) -> dict:
+        """For JSON: per step, by length and the ``top`` pairs (ms, gaps)."""
+        steps = max(self.steps, 1)
+        ranked = sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top]
+        return {
+            "idle_ms": self.idle_ms(),
+            "gaps": self.count(),
+            "seam_ms": self.seams[1] / 1000.0 / steps,
+            "by_length": {k: {"gaps": n / steps, "ms": us / 1000.0 / steps}
+                          for k, (n, us) in self.by_length.items()},
+            "by_pair": [{"before": b, "after": a, "gaps": n / steps, "ms": us / 1000.0 / steps}
+                        for (b, a), (n, us) in ranked],
+        }  # fmt: skip
 
     def idle_ms(self) -> float:
         """Idle milliseconds per step inside the steps (the seams left out)."""
-        return sum(us for _, us in self.by_pair.values()) / 1000.0 / max(self.steps, 1)
+        return sum(us for _, us in self.by_length.values()) / 1000.0 / max(self.steps, 1)
 
     def count(self) -> float:
         """Gaps per step inside the steps."""
-        return sum(n for n, _ in self.by_pair.values()) / max(self.steps, 1)
+        return sum(n for n, _ in self.by_length.values()) / max(self.steps, 1)
 
     def tables(self, top: int) -> list[str]:
         """Markdown: gaps by length, then the ``top`` neighbour pairs by idle time, per step."""

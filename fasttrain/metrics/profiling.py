@@ -107,6 +107,7 @@ class RunProfiler:
         return sorted(self.trace_dir.glob(f"rank{self.dist.rank}.*.pt.trace.json*"))
 
 
+TOP_GAPS = 8  # neighbour pairs listed in the idle-gap table
 _RECORD = False  # record_function ranges (while --profile is on)
 _NVTX = False  # NVTX ranges (on a GPU)
 
@@ -152,17 +153,25 @@ def report_profile(
         summarize,
         table,
     )
+    from fasttrain.metrics.gaps import Gaps, gaps
     from fasttrain.metrics.kernels import KernelSplit, split
 
-    summaries, kernels = [], KernelSplit()
+    summaries, kernels, idle = [], KernelSplit(), Gaps()
     for p in profiler.traces():
         trace = load_trace(p)  # each trace read once
         summaries.append(summarize(p, trace))
         kernels = kernels.add(split(trace))
+        idle = idle.add(gaps(trace))
     for s in summaries:
         log.info("%s", table(s))
+    if kernels.by_class:  # GPU work: where its idle time sits
+        log.info("GPU idle inside the profiled steps:\n%s", "\n".join(idle.tables(TOP_GAPS)))
     overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
-    out = {"traces": summaries, "mean_ms": asdict(overall) if overall else None}
+    out = {
+        "traces": summaries,
+        "mean_ms": asdict(overall) if overall else None,
+        "idle_gaps": idle.as_dict(TOP_GAPS) if kernels.by_class else None,
+    }
     path = profiler.trace_dir / f"breakdown-rank{profiler.dist.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
@@ -173,6 +182,7 @@ def report_profile(
         mean_ms=out["mean_ms"],
         device="gpu" if any(s["device"] == "gpu" for s in summaries) else "cpu",
         kernels=kernels,
+        gaps=idle,
     )
     ranks = gather(mine.compact()) if gather is not None else [mine]
     log_profile(step, out["mean_ms"], ranks)

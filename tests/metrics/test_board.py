@@ -15,7 +15,14 @@ import urllib.request
 
 import pytest
 
-from fasttrain.metrics.board import RankProfile, breakdown_markdown, kernels_markdown, write
+from fasttrain.metrics.board import (
+    RankProfile,
+    breakdown_markdown,
+    gaps_markdown,
+    kernels_markdown,
+    write,
+)
+from fasttrain.metrics.gaps import Gaps
 from fasttrain.metrics.kernels import KernelSplit
 from tests.browser import Browser, find_chromium
 
@@ -30,7 +37,10 @@ def made_up(rank: int, idle: float) -> RankProfile:
         {"triton_red_fused_bn_0": 40.0, "sm90_xmma_fprop|x": 35.0, "ncclDevKernel_AllReduce": 30.0},
     )
     trace = f"profile/rank{rank}.1.pt.trace.json"
-    return RankProfile(rank, [trace], mean, "gpu", kernels)
+    pairs = {("copies and fills", "convolution"): (480, 1500.0)}
+    pairs[("convolution", "GEMM (cuBLAS)")] = (90, 45.0)
+    gaps = Gaps(5, pairs, {"1-2 µs": (90, 45.0), "2-5 µs": (480, 1500.0)}, (5, 20.0))
+    return RankProfile(rank, [trace], mean, "gpu", kernels, gaps)
 
 
 def test_the_breakdown_table_has_a_row_per_rank_in_rank_order():
@@ -66,6 +76,24 @@ def test_only_the_longest_kernels_travel_between_ranks():
     assert "triton_red_fused_bn_0" in small.kernels.by_name
 
 
+def test_idle_gaps_per_rank_by_length_and_neighbours():
+    text = gaps_markdown([made_up(1, 0.0), made_up(0, 0.0)])
+    assert text.index("**rank 0**") < text.index("**rank 1**")
+    assert "0.309 ms idle per step in 114 gaps" in text
+    assert "| 2-5 µs | 96.0 | 0.300 |" in text
+    assert "| copies and fills | convolution | 96.0 | 0.300 | 3.12 |" in text
+    cpu = gaps_markdown([RankProfile(0, [], {}, "cpu")])
+    assert "No GPU kernels in the profiled steps (a CPU run)" in cpu
+
+
+def test_only_the_idlest_neighbour_pairs_travel_between_ranks():
+    many = made_up(0, 0.0)
+    many.gaps.by_pair |= {(f"a{i}", "b"): (1, 0.01) for i in range(100)}
+    small = many.compact().gaps
+    assert len(small.by_pair) == 10 and ("copies and fills", "convolution") in small.by_pair
+    assert small.idle_ms() == many.gaps.idle_ms()  # the totals come from every gap
+
+
 def _png_size(png: bytes) -> tuple[int, int]:
     assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
     return struct.unpack(">II", png[16:24])
@@ -87,6 +115,8 @@ def test_the_entries_land_in_tensorboards_event_file(tmp_path):
     assert _png_size(image.encoded_image_string) == (image.width, image.height)
     text = events.Tensors("profile/breakdown/text_summary")[0].tensor_proto.string_val[0]
     assert b"| 1 | 40.00 |" in text
+    gaps = events.Tensors("profile/idle_gaps/text_summary")[0].tensor_proto.string_val[0]
+    assert b"| copies and fills | convolution |" in gaps
 
 
 def _free_port() -> int:

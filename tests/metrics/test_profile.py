@@ -180,7 +180,9 @@ def test_profiled_cpu_run_writes_quiet_traces_and_a_breakdown(profiled_cpu_run):
         assert step["idle"] == pytest.approx(step["host_loader_wait"] + step["host_sync"])
     saved = json.loads((out / "profile" / "breakdown-rank0.json").read_text())
     assert saved["mean_ms"]["total"] == pytest.approx(s["mean_ms"]["total"])
+    assert saved["idle_gaps"] is None  # no GPU work to have gaps in
     assert "step time breakdown, rank 0" in (out / "log-rank0.txt").read_text()
+    assert "GPU idle inside the profiled steps" not in (out / "log-rank0.txt").read_text()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "profile" for r in records)
 
