@@ -88,16 +88,12 @@ def test_step_path_tuned(benchmark, path):
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
-@pytest.mark.benchmark(group="cuDNN plans timed per convolution")
-@pytest.mark.parametrize("limit", [10, 0], ids=["10 (torch's default)", "every plan"])
-def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
-    """The fp16 --fused-bn step at batch 256 on the Triton max-pool with cuDNN's autotuning
-    timing the first 10 plans its heuristics rank for each of torch's own convolutions (torch's
-    ``cudnn.benchmark_limit``) or every plan (0): whether a longer search finds faster kernels
-    for the bare convolutions (the backward's, the stem's). Start-up time in ``extra_info``."""
+def time_fused_default(benchmark) -> None:
+    """The fp16 --fused-bn step at batch 256 on the Triton max-pool as the settings now stand:
+    its first step's seconds (compile, cuDNN's plans, capture), then its rounds, and its peak
+    memory."""
     import time
 
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark_limit", limit)
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool")
@@ -108,24 +104,31 @@ def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
     benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
+@pytest.mark.benchmark(group="cuDNN plans timed per convolution")
+@pytest.mark.parametrize("limit", [10, 0], ids=["10 (torch's default)", "every plan"])
+def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 on the Triton max-pool with cuDNN's autotuning
+    timing the first 10 plans its heuristics rank for each of torch's own convolutions (torch's
+    ``cudnn.benchmark_limit``) or every plan (0): whether a longer search finds faster kernels
+    for the bare convolutions (the backward's, the stem's). Start-up time in ``extra_info``."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark_limit", limit)
+    time_fused_default(benchmark)
+
+
 @pytest.mark.benchmark(group="fused-bn cuDNN plans timed eagerly or replayed")
 @pytest.mark.parametrize("timing", ["eager", "replay"])
 def test_fused_bn_plan_timing(benchmark, timing, monkeypatch):
     """The fp16 --fused-bn step at batch 256 on the Triton max-pool with each fused
     convolution's cuDNN plan chosen by eager executions (the default) or by the replay of a CUDA
     graph (``cudnn.graph.TIMING``), as the step runs it: whether plans with fewer memsets and
-    workspace kernels win there. cuDNN's plan selection time in ``extra_info``."""
+    workspace kernels win there. cuDNN's plan selection time and the first step's in
+    ``extra_info``."""
     from fasttrain.model.cudnn import graph as cudnn_graph
 
     monkeypatch.setattr(cudnn_graph, "TIMING", timing)
     before = cudnn_graph.selection_seconds()
-    torch.cuda.reset_peak_memory_stats()
-    one, step, _ = make_step("compiled+graph", BATCH, amp="fp16", fused_bn=True, kernels="maxpool")
-    one()
-    torch.cuda.synchronize()
+    time_fused_default(benchmark)
     benchmark.extra_info["plan_selection_s"] = cudnn_graph.selection_seconds() - before
-    time_step(benchmark, one, step, BATCH)
-    benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
 # which convolutions of --fused-bn's model fold the previous BN's normalise + ReLU in as they read
