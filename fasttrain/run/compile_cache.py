@@ -14,7 +14,9 @@
   holds every setting that shapes the step: no trace meets other settings. Where the shapes
   change within a run (``--batch-size auto``, ``--batch-sizes``, ``--progressive-resizing``) it is
   not used, nor with several processes: DDP's graphs, split at its buckets by dynamo, fail
-  AOT autograd's cache entry when the trace is kept ("expected OutputCode", torch 2.14).
+  AOT autograd's cache entry when the trace is kept ("expected OutputCode", torch 2.14), and
+  with torch's bundled AOT cache set to avoid that, a warm start compiled them again (slower
+  than without the trace; docs/DESIGN.md).
 - **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
   artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
   autotuning caches, and dynamo's trace), saved by the main process after the first step and
