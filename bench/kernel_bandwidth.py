@@ -29,11 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fasttrain.metrics.breakdown import load_trace
-from fasttrain.metrics.kernels import (
-    correlation,
-    launched_in_steps,
-    step_annotations,
-)
+from fasttrain.metrics.kernels import profiled_work
 
 NUM_GB = re.compile(r"'kernel_num_gb':\s*([0-9.eE+-]+)")
 DEF = re.compile(r"\ndef\s+(\w+)\s*\(")
@@ -76,20 +72,14 @@ class KernelRate:
 def rates(trace: dict[str, Any], estimates: dict[str, float]) -> list[KernelRate]:
     """Inductor's kernels (``triton_`` names) of the trace's profiled steps, per step, slowest
     first, each with its estimated bytes where known."""
-    events = trace.get("traceEvents", [])
-    annotations = step_annotations(events)
-    steps = max(len(annotations), 1)
-    in_steps = launched_in_steps(events, annotations)
+    steps, work = profiled_work(trace)
     calls: dict[str, int] = defaultdict(int)
     us: dict[str, float] = defaultdict(float)
-    for e in events:
+    for e, _ in work:
         name = str(e.get("name", ""))
-        if e.get("cat") != "kernel" or "dur" not in e or not name.startswith("triton_"):
-            continue
-        if in_steps is not None and correlation(e) not in in_steps:
-            continue
-        calls[name] += 1
-        us[name] += float(e["dur"])
+        if e.get("cat") == "kernel" and name.startswith("triton_"):
+            calls[name] += 1
+            us[name] += float(e["dur"])
     out = [KernelRate(n, calls[n] / steps, us[n] / steps, estimates.get(n)) for n in calls]
     return sorted(out, key=lambda k: -k.us)
 

@@ -2,8 +2,8 @@
 GPU time per kernel class (convolution, GEMM, Triton, NCCL, copies) and the longest kernels;
 then where the GPU sat idle inside the steps: the gaps by length and by the kernel classes on
 either side. The classes and how kernels are tied to steps: ``fasttrain/metrics/kernels.py``;
-the gaps: ``fasttrain/metrics/gaps.py``. A ``--profile`` run also writes the first two tables
-into TensorBoard's Text dashboard (``profile/top_kernels``).
+the gaps: ``fasttrain/metrics/gaps.py``. A ``--profile`` run also writes these tables into
+TensorBoard's Text dashboard (``profile/top_kernels``, ``profile/idle_gaps``).
 
 Usage: python bench/kernel_split.py RUN/profile/rank0.*.pt.trace.json [--top 15]
 """

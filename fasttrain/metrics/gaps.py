@@ -17,13 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fasttrain.metrics.kernels import (
-    GPU_CATEGORIES,
-    classify,
-    correlation,
-    launched_in_steps,
-    step_annotations,
-)
+from fasttrain.metrics.kernels import classify, profiled_work
 
 BINS = ((1.0, "up to 1 µs"), (2.0, "1-2 µs"), (5.0, "2-5 µs"), (20.0, "5-20 µs"))
 LONGEST = "over 20 µs"
@@ -64,16 +58,18 @@ class Gaps:
             (self.seams[0] + other.seams[0], self.seams[1] + other.seams[1]),
         )
 
+    def ranked(self, top: int) -> list[tuple[tuple[str, str], tuple[int, float]]]:
+        """The ``top`` neighbour pairs by idle time, the idlest first."""
+        return sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top]
+
     def compact(self, top: int) -> Gaps:
         """The same with only the ``top`` neighbour pairs by idle time (what a rank sends);
         the totals (``idle_ms``, ``count``) come from the length bins, which keep every gap."""
-        keep = dict(sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top])
-        return Gaps(self.steps, keep, dict(self.by_length), self.seams)
+        return Gaps(self.steps, dict(self.ranked(top)), dict(self.by_length), self.seams)
 
     def as_dict(self, top: int) -> dict:
         """For JSON: per step, by length and the ``top`` pairs (ms, gaps)."""
         steps = max(self.steps, 1)
-        ranked = sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top]
         return {
             "idle_ms": self.idle_ms(),
             "gaps": self.count(),
@@ -81,7 +77,7 @@ class Gaps:
             "by_length": {k: {"gaps": n / steps, "ms": us / 1000.0 / steps}
                           for k, (n, us) in self.by_length.items()},
             "by_pair": [{"before": b, "after": a, "gaps": n / steps, "ms": us / 1000.0 / steps}
-                        for (b, a), (n, us) in ranked],
+                        for (b, a), (n, us) in self.ranked(top)],
         }  # fmt: skip
 
     def idle_ms(self) -> float:
@@ -110,8 +106,7 @@ class Gaps:
             "| before | after | gaps per step | ms per step | mean µs |",
             "|---|---|---:|---:|---:|",
         ]
-        ranked = sorted(self.by_pair.items(), key=lambda kv: -kv[1][1])[:top]
-        for (before, after), (n, us) in ranked:
+        for (before, after), (n, us) in self.ranked(top):
             out.append(
                 f"| {before} | {after} | {n / steps:.1f} | {us / 1000.0 / steps:.3f} |"
                 f" {us / max(n, 1):.2f} |"
@@ -122,25 +117,13 @@ class Gaps:
 def gaps(trace: dict[str, Any]) -> Gaps:
     """The idle gaps of the trace's profiled steps (module notes). Without correlation ids every
     piece of GPU work counts, as one stretch."""
-    events = trace.get("traceEvents", [])
-    annotations = step_annotations(events)
-    steps_of = launched_in_steps(events, annotations)
+    steps, events = profiled_work(trace)
     work = []
-    for e in events:
-        cat = e.get("cat", "")
-        if cat not in GPU_CATEGORIES or "dur" not in e or "ts" not in e:
-            continue
-        step = 0 if steps_of is None else steps_of.get(correlation(e))
-        if step is None:
-            continue  # launched outside the profiled steps
-        work.append(
-            (
-                float(e["ts"]),
-                float(e["ts"]) + float(e["dur"]),
-                step,
-                classify(e.get("name", ""), cat),
-            )
-        )
+    for e, step in events:
+        if "ts" in e:
+            start = float(e["ts"])
+            label = classify(e.get("name", ""), e.get("cat", ""))
+            work.append((start, start + float(e["dur"]), step, label))
     work.sort()
     by_pair: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
     by_length: dict[str, list] = defaultdict(lambda: [0, 0.0])
@@ -150,17 +133,16 @@ def gaps(trace: dict[str, Any]) -> Gaps:
         for start, stop, s, label in work[1:]:
             gap = start - end
             if gap > 0:
-                into = seams if s != step else by_pair[(before, label)]
-                into[0] += 1
-                into[1] += gap
-                if s == step:
-                    b = by_length[length_bin(gap)]
-                    b[0] += 1
-                    b[1] += gap
+                kept = (
+                    [seams] if s != step else [by_pair[(before, label)], by_length[length_bin(gap)]]
+                )
+                for into in kept:
+                    into[0] += 1
+                    into[1] += gap
             if stop >= end:
                 end, step, before = stop, s, label
     return Gaps(
-        max(len(annotations), 1),
+        steps,
         {k: (n, us) for k, (n, us) in by_pair.items()},
         {k: (n, us) for k, (n, us) in by_length.items()},
         (seams[0], seams[1]),

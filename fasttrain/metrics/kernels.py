@@ -94,21 +94,31 @@ class KernelSplit:
 
 def split(trace: dict[str, Any]) -> KernelSplit:
     """The kernels the trace's profiled steps launched (module notes)."""
-    events = trace.get("traceEvents", [])
-    annotations = step_annotations(events)
-    in_steps = launched_in_steps(events, annotations)
+    steps, work = profiled_work(trace)
     by_class: dict[str, float] = defaultdict(float)
     by_name: dict[str, float] = defaultdict(float)
-    for e in events:
-        cat = e.get("cat", "")
-        if cat not in GPU_CATEGORIES or "dur" not in e:
-            continue
-        if in_steps is not None and correlation(e) not in in_steps:
-            continue
+    for e, _ in work:
         ms = e["dur"] / 1000.0
-        by_class[classify(e.get("name", ""), cat)] += ms
+        by_class[classify(e.get("name", ""), e.get("cat", ""))] += ms
         by_name[e.get("name", "")] += ms
-    return KernelSplit(max(len(annotations), 1), dict(by_class), dict(by_name))
+    return KernelSplit(steps, dict(by_class), dict(by_name))
+
+
+def profiled_work(trace: dict[str, Any]) -> tuple[int, list[tuple[dict, int]]]:
+    """The number of profiled steps (at least 1), and the GPU work (kernels, copies, fills) they
+    launched, each event with the index of its step in time order (module notes). Without
+    correlation ids every piece of GPU work counts, as step 0."""
+    events = trace.get("traceEvents", [])
+    annotations = step_annotations(events)
+    steps_of = launched_in_steps(events, annotations)
+    work = []
+    for e in events:
+        if e.get("cat", "") not in GPU_CATEGORIES or "dur" not in e:
+            continue
+        step = 0 if steps_of is None else steps_of.get(correlation(e))
+        if step is not None:
+            work.append((e, step))
+    return max(len(annotations), 1), work
 
 
 def correlation(event: dict) -> object:

@@ -164,13 +164,14 @@ def report_profile(
         idle = idle.add(gaps(trace))
     for s in summaries:
         log.info("%s", table(s))
-    if kernels.by_class:  # GPU work: where its idle time sits
+    on_gpu = bool(kernels.by_class)  # GPU work: where its idle time sits
+    if on_gpu:
         log.info("GPU idle inside the profiled steps:\n%s", "\n".join(idle.tables(TOP_GAPS)))
     overall = mean([StepTimes(**st) for s in summaries for st in after_first(s["steps"])])
     out = {
         "traces": summaries,
         "mean_ms": asdict(overall) if overall else None,
-        "idle_gaps": idle.as_dict(TOP_GAPS) if kernels.by_class else None,
+        "idle_gaps": idle.as_dict(TOP_GAPS) if on_gpu else None,
     }
     path = profiler.trace_dir / f"breakdown-rank{profiler.dist.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
