@@ -116,46 +116,48 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
 
 def _eager_ms(run: Callable[[int], None], workspace: int) -> float | None:
     """GPU milliseconds of ``REPEATS`` eager executions, or None where one does not capture."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPEATS):
-        run(workspace)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) if _captures(run, workspace) else None
+
+    def launches() -> None:
+        for _ in range(REPEATS):
+            run(workspace)
+
+    ms = _gpu_ms(launches)
+    return ms if _capture(run, workspace, 1) is not None else None
 
 
 def _replayed_ms(run: Callable[[int], None], workspace: int) -> float | None:
     """GPU milliseconds of one replay of ``REPEATS`` executions captured in a CUDA graph (after
     a first replay), or None where they do not capture."""
-    captured = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
-            for _ in range(REPEATS):
-                run(workspace)
-    except Exception:
+    captured = _capture(run, workspace, REPEATS)
+    if captured is None:
         return None
     captured.replay()
+    return _gpu_ms(captured.replay)
+
+
+def _gpu_ms(work: Callable[[], object]) -> float:
+    """GPU milliseconds of what ``work`` launches on the current stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    captured.replay()
+    work()
     end.record()
     end.synchronize()
     return start.elapsed_time(end)
 
 
-def _captures(run: Callable[[int], None], workspace: int) -> bool:
-    """Whether one execution captures in a CUDA graph. Some engines cuDNN ranks run eagerly but
-    fail under capture (the whole capture is then invalid), and the trainer replays its step,
-    these launches included, from a CUDA graph. Thread-local, so other threads' CUDA work (DALI's)
-    goes on meanwhile."""
+def _capture(run: Callable[[int], None], workspace: int, times: int) -> torch.cuda.CUDAGraph | None:
+    """``times`` executions captured in a CUDA graph, or None where they do not capture. Some
+    engines cuDNN ranks run eagerly but fail under capture (the whole capture is then invalid),
+    and the trainer replays its step, these launches included, from a CUDA graph.
+    Thread-local, so other threads' CUDA work (DALI's) goes on meanwhile."""
     captured = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(captured, capture_error_mode="thread_local"):
-            run(workspace)
+            for _ in range(times):
+                run(workspace)
     except Exception:
-        return False
-    return True
+        return None
+    return captured
 
 
 def execute(graph: Any, binds: dict, workspace_bytes: int, device: torch.device) -> None:
