@@ -65,12 +65,7 @@ def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = N
         _selecting_s += time.perf_counter() - t0
 
 
-# How each plan is timed: "eager" launches it three times from Python; "replay" captures three
-# launches in a CUDA graph and times a replay, as the trainer's step runs it: cuDNN's own memsets
-# and workspace kernels then cost their graph nodes and the gaps between them, and the host's
-# launch overhead none of it. Eager is the default until the step measures the difference.
-TIMING = "eager"
-REPEATS = 3
+REPEATS = 3  # executions timed per plan
 
 
 def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> None:
@@ -80,8 +75,9 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
     convolutions: the heuristics' first choice was several times slower than the bare
     convolution for some shapes. Building a plan compiles its kernel (about 0.3 s each; cuDNN
     ranks 30-36 plans for a BN graph), hence ``limit``. Under a CUDA-graph capture nothing can
-    be timed: the heuristics' first plan that builds is kept. ``TIMING`` says how a plan is
-    timed."""
+    be timed: the heuristics' first plan that builds is kept. Each plan is timed over
+    ``REPEATS`` eager executions; timing them by the replay of a CUDA graph instead, as the step
+    runs them, made the step no faster (docs/experiments/2026-12-step-options.md)."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
         return
@@ -96,7 +92,7 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
         workspace = graph.get_workspace_size()
         try:
             run(workspace)
-            ms = _replayed_ms(run, workspace) if TIMING == "replay" else _eager_ms(run, workspace)
+            ms = _eager_ms(run, workspace)
         except Exception:  # a plan that builds but does not run: the next
             continue
         if ms is None:  # the step replays it from a CUDA graph
@@ -123,16 +119,6 @@ def _eager_ms(run: Callable[[int], None], workspace: int) -> float | None:
 
     ms = _gpu_ms(launches)
     return ms if _capture(run, workspace, 1) is not None else None
-
-
-def _replayed_ms(run: Callable[[int], None], workspace: int) -> float | None:
-    """GPU milliseconds of one replay of ``REPEATS`` executions captured in a CUDA graph (after
-    a first replay), or None where they do not capture."""
-    captured = _capture(run, workspace, REPEATS)
-    if captured is None:
-        return None
-    captured.replay()
-    return _gpu_ms(captured.replay)
 
 
 def _gpu_ms(work: Callable[[], object]) -> float:
