@@ -115,22 +115,6 @@ def test_cudnn_plan_limit(benchmark, limit, monkeypatch):
     time_fused_default(benchmark)
 
 
-@pytest.mark.benchmark(group="fused-bn cuDNN plans timed eagerly or replayed")
-@pytest.mark.parametrize("timing", ["eager", "replay"])
-def test_fused_bn_plan_timing(benchmark, timing, monkeypatch):
-    """The fp16 --fused-bn step at batch 256 on the Triton max-pool with each fused
-    convolution's cuDNN plan chosen by eager executions (the default) or by the replay of a CUDA
-    graph (``cudnn.graph.TIMING``), as the step runs it: whether plans with fewer memsets and
-    workspace kernels win there. cuDNN's plan selection time and the first step's in
-    ``extra_info``."""
-    from fasttrain.model.cudnn import graph as cudnn_graph
-
-    monkeypatch.setattr(cudnn_graph, "TIMING", timing)
-    before = cudnn_graph.selection_seconds()
-    time_fused_default(benchmark)
-    benchmark.extra_info["plan_selection_s"] = cudnn_graph.selection_seconds() - before
-
-
 # which convolutions of --fused-bn's model fold the previous BN's normalise + ReLU in as they read
 # (FusedResNet's ``fold``); the others read it from an elementwise pass
 FOLDS = {"none (the default)": (), "3x3": (3,), "all": (1, 3)}
@@ -194,6 +178,22 @@ def test_fused_bn_leaner_backward(benchmark, options, monkeypatch):
     with both (the default) and with neither: less traffic in ``bench/traffic.py``'s count, and
     what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", **LEANER[options])
+
+
+@pytest.mark.benchmark(group="fused-bn block-end ReLU mask")
+@pytest.mark.parametrize("mask", ["the output", "bits (the default)"])
+@pytest.mark.parametrize("mode", ["default", "auto"])
+def test_fused_bn_block_mask(benchmark, mode, mask, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) with each block end's
+    backward masking its gradient by reading the block's output or by one bit per element kept
+    from the forward (``pack_block_mask``): a sixteenth of a pass for a whole one in each block
+    end's backward kernel, inductor writing the bits in the forward kernel that writes the
+    output (``conv_bn.relu_and_signs``). In ``default`` mode, and as ``--compile-mode auto``
+    tunes it (minutes the first time)."""
+    overrides = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
+    time_fused_variant(
+        benchmark, monkeypatch, "maxpool", overrides=overrides, pack_block_mask=mask != "the output"
+    )
 
 
 @pytest.mark.benchmark(group="fused-bn stem channels")

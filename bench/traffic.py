@@ -27,8 +27,11 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
   (``store_block_grad``, ``conv_bn.residual_relu``);
 - ``stem``: ``mask`` with the stem's BN run as the others (``fuse_stem``: statistics by one
   reduction, normalise + ReLU masked by its input);
-- ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``mask`` with both (the stem unpadded:
-  below).
+- ``unpacked``: ``mask`` with both;
+- ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``unpacked`` with each block end's ReLU
+  mask kept as bits for its backward (``pack_block_mask``, ``conv_bn.relu_and_signs``), the stem
+  unpadded (below). The C++ backend writes the bits in loops of their own, which the Triton
+  backend fuses with the block's output: on the CPU this path counts more than on a GPU.
 
 Every fused path leaves the stem's image unpadded (``pad_stem=False``; ``--fused-bn`` pads it to
 4 channels): the padding is one more pass over the image in inductor's kernels, made for a faster
@@ -53,7 +56,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-PATHS = ("plain", "fused-relu", "mask", "fold", "stored", "stem", "fused")
+PATHS = ("plain", "fused-relu", "mask", "fold", "stored", "stem", "unpacked", "fused")
 
 
 @dataclass
@@ -77,8 +80,9 @@ def build(arch: str, path: str) -> nn.Module:
         arch,
         fold=ALL if path == "fold" else (),
         mask_from_input=path != "fused-relu",
-        store_block_grad=path in ("stored", "fused"),
-        fuse_stem=path in ("stem", "fused"),
+        store_block_grad=path in ("stored", "unpacked", "fused"),
+        fuse_stem=path in ("stem", "unpacked", "fused"),
+        pack_block_mask=path == "fused",
         pad_stem=False,  # module notes
     )
 

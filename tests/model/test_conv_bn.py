@@ -15,8 +15,11 @@ from fasttrain.model.ops.conv_bn import (
     bn_finalize,
     cast_weight,
     conv_bn,
+    pack_signs,
+    relu_and_signs,
     residual_relu,
     stored,
+    unpack_signs,
 )
 from tests.conftest import randn_nhwc
 
@@ -164,6 +167,65 @@ def test_residual_relu_is_relu_of_affine_plus_identity_forward_and_backward(comp
     assert grads[3].is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_packed_signs_hold_each_channel_in_its_bit_and_unpack_to_the_mask(channels_last):
+    """Byte j of a pixel holds channels 8j..8j+7, channel 8j+i in bit i; unpacked, the bits are
+    ``t > 0`` exactly (zeros and negative zeros count as not positive), in channels_last."""
+    t = torch.zeros(2, 16, 3, 4)
+    t[1, 3, 2, 1] = 1.0  # byte 0, bit 3
+    t[1, 15, 2, 1] = 2.0  # byte 1, bit 7
+    t[0, 8, 0, 0] = -0.0
+    signs = pack_signs(t)
+    assert signs.shape == (2, 3, 4, 2) and signs.dtype == torch.uint8
+    assert signs[1, 2, 1].tolist() == [8, 128] and int(signs.sum()) == 136
+    x = torch.randn(3, 24, 5, 7, generator=torch.Generator().manual_seed(0))
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    unpacked = unpack_signs(pack_signs(x), x.shape)
+    assert unpacked.dtype == torch.bool
+    assert unpacked.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(unpacked, x > 0)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_residual_relu_with_a_packed_mask_has_the_same_values_and_gradients(compiled):
+    """``packed_mask`` keeps the ReLU's mask as bits for the backward: the same output and
+    gradients for all four inputs as torch.relu(affine(...) + identity), compiled too; with
+    channels that are no multiple of 8 it falls back to the unpacked mask."""
+    for c in (16, 6):
+        y = randn_nhwc(2, c, 5, 5).requires_grad_()
+        identity = randn_nhwc(2, c, 5, 5, seed=1).requires_grad_()
+        scale = torch.linspace(-1.5, 2.0, c, dtype=torch.float64).requires_grad_()
+        bias = torch.linspace(-0.4, 0.6, c, dtype=torch.float64).requires_grad_()
+        g = randn_nhwc(2, c, 5, 5, seed=3)
+
+        def packed(y, scale, bias, identity):
+            return residual_relu(y, scale, bias, identity, packed_mask=True)
+
+        fn = torch.compile(packed, fullgraph=True) if compiled else packed
+        out, ref = fn(y, scale, bias, identity), torch.relu(affine(y, scale, bias) + identity)
+        torch.testing.assert_close(out, ref)
+        assert out.is_contiguous(memory_format=torch.channels_last)  # cuDNN's fused conv's input
+        inputs = (y, scale, bias, identity)
+        grads = torch.autograd.grad((out * g).sum(), inputs)
+        ref_grads = torch.autograd.grad((ref * g).sum(), inputs)
+        assert grads[0].is_contiguous(memory_format=torch.channels_last)
+        assert grads[3].is_contiguous(memory_format=torch.channels_last)
+        for a, b in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_relu_and_signs_is_relu_and_the_packed_signs_nan_included():
+    """The block end's forward: torch.relu's output (NaN kept, channels_last) and
+    ``pack_signs`` of its input."""
+    z = torch.randn(2, 16, 3, 5, generator=torch.Generator().manual_seed(0))
+    z = z.contiguous(memory_format=torch.channels_last)
+    z[0, 3, 1, 1], z[1, 9, 0, 4] = float("nan"), -0.0
+    out, signs = relu_and_signs(z)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, torch.relu(z), equal_nan=True)
+    assert torch.equal(signs, pack_signs(z))
 
 
 def test_stored_is_the_tensor_itself_outside_a_compiled_graph():

@@ -31,6 +31,7 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         ("resnet50", (), True, True, True, False),
         ("resnet18", (), False, False, False, True),
         ("resnet50", (), True, True, True, True),
+        ("resnet50", (), True, "packed", True, True),
     ],
 )
 def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
@@ -40,14 +41,16 @@ def test_fused_resnet_is_torchvisions_model_with_a_fused_forward(
     ResNet, with every prologue folded into its convolution, only the 3x3 ones', or none (an
     elementwise pass each, its ReLU's gradient masked by its output or by its input), with
     each block end's masked gradient stored once, with the stem as torchvision's or its BN
-    run as the others, and with the stem's image and weights padded to 4 channels or not."""
+    run as the others, and with the stem's image and weights padded to 4 channels or not;
+    "packed": the block ends' stored gradient masked by the ReLU's bits (``pack_block_mask``)."""
     assert_matches_torchvision(
         arch,
         lambda arch, **kw: FusedResNet(
             arch,
             fold=fold,
             mask_from_input=mask_from_input,
-            store_block_grad=store_block_grad,
+            store_block_grad=bool(store_block_grad),
+            pack_block_mask=store_block_grad == "packed",
             fuse_stem=fuse_stem,
             pad_stem=pad_stem,
             **kw,
