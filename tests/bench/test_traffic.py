@@ -1,7 +1,9 @@
 """bench/traffic.py counts the bytes of the compiled step's generated kernels per model path."""
 
 import importlib.util
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,11 @@ def test_one_pass_is_every_batchnorm_output():
     assert traffic.bn_elements("resnet18", x) == 2 * per_image
 
 
+def measure_resnet18(path: str):
+    """``path``'s traffic for resnet18 at 32 px, batch 2, on the CPU (in a worker process)."""
+    return traffic.measure("resnet18", path, 32, 2, "cpu")
+
+
 @pytest.mark.slow
 def test_each_fusion_moves_less_than_the_path_before_it():
     """Summing BN's statistics in the convolutions removes a read of each conv output: the
@@ -38,12 +45,10 @@ def test_each_fusion_moves_less_than_the_path_before_it():
     least 0.3 less (0.97 here, where the stem is large); both, less than either alone. (What
     ``--fused-bn`` builds also keeps each block end's ReLU mask as bits, which inductor's C++
     backend writes in loops of its own: on the CPU that path counts more, so it is not here.)"""
-    plain = traffic.measure("resnet18", "plain", 32, 2, "cpu")
-    relu = traffic.measure("resnet18", "fused-relu", 32, 2, "cpu")
-    mask = traffic.measure("resnet18", "mask", 32, 2, "cpu")
-    stored = traffic.measure("resnet18", "stored", 32, 2, "cpu")
-    stem = traffic.measure("resnet18", "stem", 32, 2, "cpu")
-    fused = traffic.measure("resnet18", "unpacked", 32, 2, "cpu")
+    paths = ("plain", "fused-relu", "mask", "stored", "stem", "unpacked")
+    # a compile each, most of a minute on one core: two processes at once
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        plain, relu, mask, stored, stem, fused = pool.map(measure_resnet18, paths)
     print({t.path: round(t.kernel_passes, 2) for t in (plain, relu, mask, stored, stem, fused)})
     assert plain.kernels > 20 and relu.kernels > 20
     assert plain.kernel_passes > 5  # a BN step reads and writes each activation several times
