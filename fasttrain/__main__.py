@@ -7,6 +7,8 @@
 - ``python -m fasttrain evaluate WEIGHTS [flags]`` evaluates weights on a val set
   (``--test-only --weights WEIGHTS``: the training flags apply).
 - ``python -m fasttrain export CHECKPOINT OUT`` writes a checkpoint's weights as a state dict.
+- ``python -m fasttrain compile [--nproc-per-node N] [--nnodes M] [flags]`` compiles, in one
+  process, what every process of a job with those flags compiles, into its compile cache.
 
 Each command is a module of ``fasttrain.commands``; this file dispatches. A ``UserError``
 anywhere becomes one line on stderr and its exit code.
@@ -28,6 +30,7 @@ SUBCOMMANDS = {
     "check-data": "check_data",
     "profile-summary": "profile_summary",
     "export": "export",
+    "compile": "compile",
 }
 
 

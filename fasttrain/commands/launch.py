@@ -8,18 +8,27 @@ from fasttrain.commands import say
 from fasttrain.errors import UserError
 
 
-def launch(argv: list[str]) -> int | None:
-    """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
-    (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
+def take_count(argv: list[str], flag: str) -> tuple[int | None, list[str]]:
+    """``flag N`` (or ``flag=N``) taken out of ``argv``: (N, the rest); (None, argv) where it is
+    not given. N must be a positive whole number."""
     for i, arg in enumerate(argv):
-        if arg == "--nproc-per-node" or arg.startswith("--nproc-per-node="):
+        if arg == flag or arg.startswith(f"{flag}="):
             value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
             rest = argv[:i] + argv[i + (1 if "=" in arg else 2) :]
             break
     else:
-        return None
+        return None, argv
     if not value.isdigit() or int(value) < 1:
-        raise UserError(f"--nproc-per-node {value!r}: expected a positive number of processes")
+        raise UserError(f"{flag} {value!r}: expected a positive whole number")
+    return int(value), rest
+
+
+def launch(argv: list[str]) -> int | None:
+    """``--nproc-per-node N``: start N copies of this command through torch.distributed.run
+    (torchrun's own code: rendezvous, environment, elastic agent). None if not asked for."""
+    value, rest = take_count(argv, "--nproc-per-node")
+    if value is None:
+        return None
     if "LOCAL_RANK" in os.environ:
         raise UserError("--nproc-per-node: this process was already launched by torchrun")
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -39,7 +39,7 @@ def main(argv: Sequence[str], t_start: float) -> int:
                 for note in notes:
                     say(note)
             if cfg.data.path is None and cfg.data.loader != "synthetic":
-                startup = Startup(_sample_set(cfg, dist))  # counted from the set being ready
+                startup = Startup(use_sample_set(cfg, dist))  # counted from the set being ready
             if cfg.run.test_only:
                 from fasttrain.run.evaluate_only import evaluate_only
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str], t_start: float) -> int:
     return 0
 
 
-def _sample_set(cfg: Config, dist: DistState) -> float:
+def use_sample_set(cfg: Config, dist: DistState) -> float:
     """Build the built-in sample set (once, on the main process) and train on it; returns the
     time start-up is counted from: a one-off build is not part of it."""
     from fasttrain.data.sample import build_sample

@@ -104,6 +104,17 @@ class Startup:
         self.parts[name] = self.parts.get(name, 0.0) + now - self.last
         self.last = now
 
+    def fx_graph_cache(self) -> dict[str, int]:
+        """Inductor's FX graph cache's hits and misses since this start: a start that found
+        everything compiled has no miss."""
+        totals = compile_totals()
+        return {
+            name: int(
+                totals.get(f"fx_cache_{name}", 0) - self.compile_before.get(f"fx_cache_{name}", 0)
+            )
+            for name in ("hits", "misses")
+        }
+
     def first_step(self, t_step: float, inner: dict[str, float]) -> dict[str, Any]:
         """The first step began at ``t_step`` and ends now; ``inner``: what fasttrain timed
         inside it (cuDNN's plans). Returns the report: each part in seconds, summing to

@@ -122,7 +122,9 @@ def key(cfg: Config, world_size: int) -> str:
         "triton": triton_version,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "device": device or t.device,
-        "world_size": world_size,
+        # DDP's graphs, split at its buckets (their size is in "train"), whatever the number
+        # of ranks: a job of 2 and one of 64 on the same flags compile the same graphs
+        "ddp": world_size > 1,
         "model": [m.arch, m.num_classes, m.channels_last, m.fused_bn, m.cudnn_bn],
         # the loader sets the input's type (DALI's fp16, torchvision's fp32); val's crop, the
         # evaluation's compiled shape
@@ -145,8 +147,9 @@ class Artifacts:
     compiled also keeps its artifacts in inductor's folder for the key (``artifacts.bin``), and
     a run that started from the trace keeps a copy of those, where they hold more."""
 
-    def __init__(self, run_dir: Path, cfg: Config, world_size: int, is_main: bool):
-        self.path = Path(run_dir) / FOLDER / f"{key(cfg, world_size)}.bin"
+    def __init__(self, run_dir: Path | None, cfg: Config, world_size: int, is_main: bool):
+        # None: no run folder (``fasttrain compile``), only the key's shared file
+        self.path = Path(run_dir) / FOLDER / f"{key(cfg, world_size)}.bin" if run_dir else None
         where = inductor_dir(cfg, world_size) if trace_cache_applies(cfg, world_size) else None
         self.shared = where / SHARED if where is not None else None
         self.enabled = cfg.train.compile
@@ -156,7 +159,7 @@ class Artifacts:
 
     def load(self) -> bool:
         """Fill the compile caches from the folder's artifacts, if there are any for this key."""
-        if not self.enabled or not self.path.is_file():
+        if not self.enabled or self.path is None or not self.path.is_file():
             return False
         try:
             info = torch.compiler.load_cache_artifacts(self.path.read_bytes())
@@ -191,7 +194,7 @@ class Artifacts:
         if len(data) > len(shared) and self.shared is not None:
             _write(self.shared, data)
         best = max(data, shared, key=len)
-        if len(best) <= self.saved_size:
+        if self.path is None or len(best) <= self.saved_size:
             return
         _write(self.path, best)
         self.saved_size = len(best)

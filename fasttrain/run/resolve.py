@@ -102,7 +102,7 @@ def resolve(
             "leave one out"
         )
     _lr_notes(cfg, notes)
-    _resolve_parallel(cfg, dist.world_size, gpus)
+    _resolve_parallel(cfg, dist, gpus)
     kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
     notes += moot_notes(cfg, given, Launch(dist.world_size))  # now that every mode is known
     cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes, bn_path)
@@ -171,9 +171,10 @@ def _resolve_test_only(cfg: Config) -> None:
         cfg.train.batch_size = 256 if cfg.train.device == "cuda" else 32
 
 
-def _resolve_parallel(cfg: Config, world_size: int, gpus: int) -> None:
-    """The strategy from the launch."""
-    t = cfg.train
+def _resolve_parallel(cfg: Config, dist: DistState, gpus: int) -> None:
+    """The strategy from the launch, and DDP's bucket size (the compiled step's graphs are split
+    at its buckets, so the compile cache's key holds the number)."""
+    t, world_size = cfg.train, dist.world_size
     if t.strategy == "auto" or (t.strategy == "ddp" and world_size == 1):
         t.strategy = "ddp" if world_size > 1 else "none"  # one process: DDP only adds a wrapper
     if world_size > 1 and t.strategy != "ddp":
@@ -196,6 +197,10 @@ def _resolve_parallel(cfg: Config, world_size: int, gpus: int) -> None:
             )
         if gpus < 2:
             raise UserError(f"--strategy dp: {gpus} GPU visible; it needs at least 2")
+    if t.strategy == "ddp":
+        from fasttrain.dist.parallel import ddp_bucket_cap_mb
+
+        t.bucket_cap_mb = ddp_bucket_cap_mb(t, dist)
 
 
 def _resolve_kernels(cfg: Config) -> frozenset[str]:

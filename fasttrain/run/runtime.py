@@ -27,14 +27,16 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(out: Path, dist: DistState) -> None:
-    """Every rank logs to ``log-rank{N}.txt``; only the main process also prints."""
+def setup_logging(out: Path | None, dist: DistState) -> None:
+    """Every rank logs to ``log-rank{N}.txt`` in ``out`` (None: no file, for a command that
+    keeps no folder); only the main process also prints."""
     log.setLevel(logging.DEBUG)
     log.propagate = False
     detach_logging()  # a second run in the same process (tests) starts clean
-    fh = logging.FileHandler(out / f"log-rank{dist.rank}.txt")
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(fh)
+    if out is not None:
+        fh = logging.FileHandler(out / f"log-rank{dist.rank}.txt")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(fh)
     if dist.is_main:
         ch = _TqdmHandler()
         ch.setLevel(logging.INFO)

@@ -369,6 +369,8 @@ class Trainer:
                 "val": self.last_eval,
             }
         )
+        if self.cfg.train.compile:  # the whole run's, evaluation's graphs included
+            self.summary["fx_graph_cache"] = self.startup.fx_graph_cache()
         if self.resolution.progressive:  # the steady rate of each train size, as its own run
             by_size = rates_by(self.metrics.intervals, self.resolution.size_at)
             self.summary["img_per_s_by_size"] = {str(k): v for k, v in sorted(by_size.items())}

@@ -34,14 +34,14 @@ def cudnn_takes(declined=(), unavailable=None):
 
 
 def resolved(
-    argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None, fused=None
+    argv, cuda=True, world=1, gpus=None, cpus=2, dali=True, notes=None, fused=None, nodes=1
 ) -> Config:
     """``argv`` resolved as a launch on a GPU (an H200 whose cuDNN takes every fused
     convolution, unless ``fused`` says otherwise) or on the CPU."""
     cfg = parse_args(argv, cuda_available=cuda)[0]
     gpus = (max(world, 1) if cuda else 0) if gpus is None else gpus
     fused = fused or cudnn_takes()
-    resolve(cfg, launch(cuda, world), gpus=gpus, cpus=cpus, dali=dali, notes=notes,
+    resolve(cfg, launch(cuda, world, nodes), gpus=gpus, cpus=cpus, dali=dali, notes=notes,
             fused_support=fused)  # fmt: skip
     place_run(cfg, [] if notes is None else notes)
     return cfg
@@ -444,6 +444,11 @@ def test_ddp_bucket_size_auto_is_100_mb_on_one_node_and_25_across_nodes(monkeypa
     for flag, want in (("auto", None), ("50", 50)):
         cfg, _ = parse_args(["--data", "/d", "--bucket-cap-mb", flag], cuda_available=True)
         assert cfg.train.bucket_cap_mb == want
+    # resolved for DDP, so config.yaml and the compile cache's key hold the number
+    assert _resolved(world=2).train.bucket_cap_mb == 100
+    assert resolved(["--data", "/d"], world=4, nodes=2).train.bucket_cap_mb == 25
+    assert _resolved("--bucket-cap-mb", "40", world=2).train.bucket_cap_mb == 40
+    assert _resolved().train.bucket_cap_mb is None  # one process: no DDP
 
 
 def test_ddp_only_settings_without_ddp_are_named_in_a_note():

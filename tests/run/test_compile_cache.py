@@ -1,7 +1,7 @@
 """Compiled code kept for the next start (``run/compile_cache.py``), on the CPU: a run's own
 artifacts make a resume on a "new machine" (an empty cache directory) start warm, a changed
 setting has another key and never loads another's trace, and two processes of the next job both
-find the first job's cache."""
+find the first job's cache, or what ``fasttrain compile`` compiled in one process for them."""
 
 from __future__ import annotations
 
@@ -108,26 +108,78 @@ def test_the_key_changes_with_what_shapes_the_compiled_step():
         of("--loader", "synthetic"),
         of("--val-crop-size", "192"),
         of(world=2),
+        of("--bucket-cap-mb", "25", world=2),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     assert of("--lr", "0.4", "--epochs", "3") == base
+    assert of(world=8) == of(world=2)  # DDP's graphs, whatever the number of ranks
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_the_next_jobs_two_processes_both_hit_the_first_jobs_cache(tiny_data, tmp_path):
-    """Two gloo processes compile into one --compile-cache; in the next job (new folders, so no
-    artifacts of their own) both find every graph there. (A cold run of two processes with the
-    trace kept failed in torch: the test also holds that it is not kept.)"""
+def test_one_compile_in_one_process_serves_every_process_of_a_job(tiny_data, tmp_path):
+    """``fasttrain compile`` for a job of three processes compiles in one; a job of two on the
+    same flags (DDP's graphs do not depend on the number) finds every graph in the cache on
+    both ranks, the first step's and evaluation's, and compiles nothing."""
     cache = tmp_path / "shared"
-    common = ["--nproc-per-node", "2", "--data", tiny_data, *COMPILE, "--batch-size", "8",
-              "--max-steps", "2", "--compile-cache", cache]  # fmt: skip
-    fasttrain(*common, "--output-dir", tmp_path / "job1")
-    assert warm(tmp_path / "job1", 0)[2] > 0  # the first job compiled
-    fasttrain(*common, "--output-dir", tmp_path / "job2")
+    flags = ["--data", tiny_data, *FAST, "--compile", "--log-every", "1", "--batch-size", "8",
+             "--eval-every", "1", "--compile-cache", cache]  # fmt: skip
+    done = fasttrain("compile", "--nproc-per-node", "3", *flags, "--json")
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["evaluation"] and report["shapes"] == [{"epoch": 0, "batch": 8, "size": 32}]
+    assert report["fx_graph_cache"]["misses"] > 0 and Path(report["cache"]).parent == cache
+    assert "compiled for 3 processes" in done.stderr
+    job = tmp_path / "job"
+    fasttrain("--nproc-per-node", "2", *flags, "--max-steps", "2", "--output-dir", job)
     for rank in (0, 1):  # no trace is kept under DDP (compile_cache's notes)
-        loaded, hits, misses = warm(tmp_path / "job2", rank)
+        loaded, hits, misses = warm(job, rank)
         assert not loaded and hits > 0 and misses == 0, (rank, hits, misses)
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["val"]["images"] > 0  # it evaluated at its end
+    assert summary["fx_graph_cache"] == {"hits": hits + 1, "misses": 0}  # evaluation's graph
+
+
+@pytest.mark.slow
+def test_compile_for_one_process_leaves_dynamo_s_trace_for_the_run(tiny_data, tmp_path):
+    """One process keeps dynamo's trace: ``fasttrain compile`` saves it with the key's
+    artifacts, and the run loads it, tracing and compiling nothing."""
+    flags = ["--data", tiny_data, *COMPILE, "--compile-cache", tmp_path / "cache"]
+    done = fasttrain("compile", *flags, "--json")
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["fx_graph_cache"]["misses"] > 0 and "compiled for one process" in done.stderr
+    assert (Path(report["cache"]) / "artifacts.bin").is_file()
+    fasttrain(*flags, "--max-steps", "2", "--output-dir", tmp_path / "run")
+    assert warm(tmp_path / "run") == (True, 0, 0)
+
+
+def test_compile_refuses_what_it_cannot_do_in_one_line(tmp_path, monkeypatch, capsys):
+    from fasttrain.__main__ import main
+
+    base = [
+        "compile",
+        "--loader",
+        "synthetic",
+        *FAST,
+        "--compile",
+        "--compile-cache",
+        str(tmp_path),
+    ]
+    for argv, env, said in [
+        (base, {"WORLD_SIZE": "2"}, "start it once, not through torchrun or srun"),
+        ([*base, "--nproc-per-node", "0"], {}, "--nproc-per-node '0': expected a positive"),
+        ([*base, "--nnodes", "x"], {}, "--nnodes 'x': expected a positive whole number"),
+        ([a for a in base if a != "--compile"], {}, "train without --compile"),
+        ([*base, "--sync-bn", "--nproc-per-node", "2"], {}, "--sync-bn all-reduces"),
+    ]:
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert main(["compile", "--help"]) == 0
+    assert "--nproc-per-node N" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())  # nothing compiled, nothing written
 
 
 @pytest.mark.slow
