@@ -6,7 +6,9 @@ Each variant runs three times in a row, each run a fresh process:
 - **cold**: empty caches (a directory of its own for inductor, Triton and fasttrain's caches);
 - **warm**: the same command again, its caches filled;
 - **resumed, new machine**: the warm run's folder resumed (``--resume auto``) with empty caches
-  again, so only what the run folder kept (its compile artifacts) is there.
+  again, so only what the run folder kept (its compile artifacts) is there;
+- **compile**: ``python -m fasttrain compile`` with the same flags into empty caches (its own
+  time, start to exit), then **after compile**: the run in those caches.
 
 Examples:
     python bench/startup.py                                # fused default, default and tuned
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 FLAGS = ["--loader", "synthetic", "--compile", "--cuda-graphs", "--max-steps", "40"]
@@ -43,6 +46,31 @@ def run(argv: list[str], cache: Path, log: Path) -> dict:
     if done.returncode != 0 or not summary.is_file():
         return {"exit": done.returncode}
     return json.loads(summary.read_text())
+
+
+def run_compile(argv: list[str], cache: Path, log: Path) -> dict:
+    """``python -m fasttrain compile`` of the run's flags with its caches in ``cache``: its
+    report (``--json``) and its time from start to exit."""
+    env = {**os.environ, "FASTTRAIN_CACHE": str(cache)}
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(name, None)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "fasttrain", "compile", *argv, "--json"],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    log.write_text(done.stderr + done.stdout)
+    if done.returncode != 0:
+        return {"exit": done.returncode}
+    return {**json.loads(done.stdout.splitlines()[-1]), "wall_s": time.perf_counter() - t0}
+
+
+def compile_row(label: str, c: dict) -> str:
+    if "wall_s" not in c:
+        return f"| {label} | compile | failed (exit {c.get('exit')}) | | | |"
+    parts = sorted(c["parts_s"].items(), key=lambda kv: -kv[1])[:TOP]
+    named = ", ".join(f"{k} {v:.1f}" for k, v in parts)
+    fx = c["fx_graph_cache"]
+    caches = f"FX {fx['hits']}/{fx['hits'] + fx['misses']}"
+    return f"| {label} | compile (to its exit) | {c['wall_s']:.1f} | {named} | {caches} | |"
 
 
 def row(label: str, start: str, s: dict) -> str:
@@ -105,6 +133,19 @@ def main() -> None:
                     jsonl.write(json.dumps({"variant": label, "start": start, **s}) + "\n")
                     lines.append(row(label, start, s))
                     print(lines[-1], flush=True)
+            with tempfile.TemporaryDirectory() as c:
+                ahead = args.out / f"{slug}-ahead"
+                shutil.rmtree(ahead, ignore_errors=True)
+                compiled = run_compile([*flags, *extra.split()], Path(c),
+                                       args.out / f"{slug}-compile.log")  # fmt: skip
+                jsonl.write(json.dumps({"variant": label, "start": "compile", **compiled}) + "\n")
+                lines.append(compile_row(label, compiled))
+                print(lines[-1], flush=True)
+                s = run([*flags, *extra.split(), "--output-dir", str(ahead)], Path(c),
+                        args.out / f"{slug}-after-compile.log")  # fmt: skip
+                jsonl.write(json.dumps({"variant": label, "start": "after compile", **s}) + "\n")
+                lines.append(row(label, "after compile", s))
+                print(lines[-1], flush=True)
     table = "\n".join(lines)
     (args.out / "startup.md").write_text(table + "\n")
     print(table)
