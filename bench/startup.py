@@ -33,14 +33,25 @@ VARIANTS = {"default mode": "--compile-mode default", "tuned (auto)": "--compile
 TOP = 6  # parts named in the table, largest first
 
 
-def run(argv: list[str], cache: Path, log: Path) -> dict:
-    """One ``python -m fasttrain`` with its caches in ``cache``; its summary."""
+def cache_env(cache: Path) -> dict[str, str]:
+    """This environment with fasttrain's caches, and so inductor's and Triton's, in ``cache``."""
     env = {**os.environ, "FASTTRAIN_CACHE": str(cache)}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(name, None)  # --compile-cache's default follows FASTTRAIN_CACHE
+    return env
+
+
+def largest(parts: dict[str, float]) -> str:
+    """The ``TOP`` largest parts, in seconds, largest first."""
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:TOP]
+    return ", ".join(f"{k} {v:.1f}" for k, v in top)
+
+
+def run(argv: list[str], cache: Path, log: Path) -> dict:
+    """One ``python -m fasttrain`` with its caches in ``cache``; its summary."""
     with log.open("w") as f:
         done = subprocess.run([sys.executable, "-m", "fasttrain", *argv], stdout=f,
-                              stderr=subprocess.STDOUT, env=env)  # fmt: skip
+                              stderr=subprocess.STDOUT, env=cache_env(cache))  # fmt: skip
     out = Path(argv[argv.index("--output-dir") + 1])
     summary = out / "summary.json"
     if done.returncode != 0 or not summary.is_file():
@@ -51,12 +62,9 @@ def run(argv: list[str], cache: Path, log: Path) -> dict:
 def run_compile(argv: list[str], cache: Path, log: Path) -> dict:
     """``python -m fasttrain compile`` of the run's flags with its caches in ``cache``: its
     report (``--json``) and its time from start to exit."""
-    env = {**os.environ, "FASTTRAIN_CACHE": str(cache)}
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        env.pop(name, None)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "fasttrain", "compile", *argv, "--json"],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+                          capture_output=True, text=True, env=cache_env(cache))  # fmt: skip
     log.write_text(done.stderr + done.stdout)
     if done.returncode != 0:
         return {"exit": done.returncode}
@@ -66,8 +74,7 @@ def run_compile(argv: list[str], cache: Path, log: Path) -> dict:
 def compile_row(label: str, c: dict) -> str:
     if "wall_s" not in c:
         return f"| {label} | compile | failed (exit {c.get('exit')}) | | | |"
-    parts = sorted(c["parts_s"].items(), key=lambda kv: -kv[1])[:TOP]
-    named = ", ".join(f"{k} {v:.1f}" for k, v in parts)
+    named = largest(c["parts_s"])
     fx = c["fx_graph_cache"]
     caches = f"FX {fx['hits']}/{fx['hits'] + fx['misses']}"
     return f"| {label} | compile (to its exit) | {c['wall_s']:.1f} | {named} | {caches} | |"
@@ -77,8 +84,7 @@ def row(label: str, start: str, s: dict) -> str:
     if "startup" not in s:
         return f"| {label} | {start} | failed (exit {s.get('exit')}) | | | |"
     r = s["startup"]
-    parts = sorted(r["parts_s"].items(), key=lambda kv: -kv[1])[:TOP]
-    named = ", ".join(f"{k} {v:.1f}" for k, v in parts)
+    named = largest(r["parts_s"])
     fx, aot = r["fx_graph_cache"], r.get("aot_autograd_cache", {})
     traces = r.get("trace_cache", {})
     caches = f"FX {fx['hits']}/{fx['hits'] + fx['misses']}"

@@ -72,3 +72,9 @@ class Data:
     val: Loader | None  # None for synthetic data: there is nothing to evaluate
     num_classes: int
     description: str
+
+    def close(self) -> None:
+        """Release both loaders' workers (``Loader.close``)."""
+        for loader in (self.train, self.val):
+            if loader is not None:
+                loader.close()

@@ -89,6 +89,14 @@ def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str
     }
 
 
+def fx_cache_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The FX graph cache's hits and misses between two ``compile_totals`` readings."""
+    return {
+        name: int(after.get(f"fx_cache_{name}", 0) - before.get(f"fx_cache_{name}", 0))
+        for name in ("hits", "misses")
+    }
+
+
 class Startup:
     """The phases to the first step (module notes); ``mark`` ends one."""
 
@@ -107,13 +115,7 @@ class Startup:
     def fx_graph_cache(self) -> dict[str, int]:
         """Inductor's FX graph cache's hits and misses since this start: a start that found
         everything compiled has no miss."""
-        totals = compile_totals()
-        return {
-            name: int(
-                totals.get(f"fx_cache_{name}", 0) - self.compile_before.get(f"fx_cache_{name}", 0)
-            )
-            for name in ("hits", "misses")
-        }
+        return fx_cache_counts(self.compile_before, compile_totals())
 
     def first_step(self, t_step: float, inner: dict[str, float]) -> dict[str, Any]:
         """The first step began at ``t_step`` and ends now; ``inner``: what fasttrain timed
@@ -136,7 +138,7 @@ class Startup:
         return {
             "total_s": total,
             "parts_s": {k: round(v, 3) for k, v in parts.items()},
-            "fx_graph_cache": {"hits": new("fx_cache_hits"), "misses": new("fx_cache_misses")},
+            "fx_graph_cache": fx_cache_counts(self.compile_before, totals),
             "aot_autograd_cache": {k: new(f"aot_cache_{k}") for k in ("hit", "miss", "bypass")},
             "trace_cache": {k: new(f"trace_cache_{k}") for k in ("hit", "miss", "error")},
         }

@@ -18,6 +18,7 @@ Trials use the uncompiled step: inductor's fused step holds less activation memo
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
@@ -28,9 +29,10 @@ from typing import Any
 import torch
 
 from fasttrain.config import Config
-from fasttrain.config.resolution import parse_batch_sizes
+from fasttrain.config.resolution import format_batch_sizes, parse_batch_sizes
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
+from fasttrain.run.runtime import seed_everything
 from fasttrain.step.plan import Plan
 
 log = logging.getLogger("fasttrain")
@@ -164,6 +166,19 @@ def step_builder(
         return run, step
 
     return build
+
+
+def fill_auto_batch_size(
+    cfg: Config, dist: DistState, resumed: tuple[str, dict[str, Any]] | None
+) -> None:
+    """``--batch-size auto`` measured (``auto_batch_size``) and written into ``cfg``: the batch,
+    each size's own batch and the parsed copy; the RNG seeded again, since the trials drew from
+    it and the run starts as if they had not."""
+    t = cfg.train
+    t.batch_size, batches = auto_batch_size(cfg, dist, resumed)
+    t.batch_sizes = format_batch_sizes(batches)
+    cfg.parsed = dataclasses.replace(cfg.typed, batch_sizes=batches)
+    seed_everything(t.seed)
 
 
 def auto_batch_size(

@@ -21,7 +21,6 @@ a sweep over what the compiled step does not see (the LR, the epochs).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -32,11 +31,16 @@ import torch
 import torch.distributed as tdist
 
 from fasttrain.config import Config
-from fasttrain.config.resolution import format_batch_sizes
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.metrics.meter import DeviceMeter
-from fasttrain.metrics.startup import Heartbeat, Startup, compile_parts, compile_totals
+from fasttrain.metrics.startup import (
+    Heartbeat,
+    Startup,
+    compile_parts,
+    compile_totals,
+    fx_cache_counts,
+)
 from fasttrain.run.build import build
 from fasttrain.run.compile_cache import Artifacts, configure_compile_caches, key
 from fasttrain.run.runtime import configure_backends, seed_everything
@@ -78,12 +82,9 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
     group = _solo_process_group(solo) if job.distributed else False
     try:
         if t.batch_size is None:  # measured here as the job's ranks measure it
-            from fasttrain.run.autobatch import auto_batch_size
+            from fasttrain.run.autobatch import fill_auto_batch_size
 
-            t.batch_size, batches = auto_batch_size(cfg, solo, None)
-            t.batch_sizes = format_batch_sizes(batches)
-            cfg.parsed = dataclasses.replace(cfg.typed, batch_sizes=batches)
-            seed_everything(t.seed)
+            fill_auto_batch_size(cfg, solo, None)
         built = build(cfg, solo, None, startup)
         startup.mark("data, model and optimizer")
         before = compile_totals()
@@ -100,15 +101,10 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
         after = compile_totals()
         Artifacts(None, cfg, job.world_size, is_main=True).save()  # dynamo's trace, if kept
-        for loader in (built.data.train, built.data.val):
-            if loader is not None:
-                loader.close()
+        built.data.close()
     finally:
         if group:
             tdist.destroy_process_group()
-
-    def new(name: str) -> int:
-        return int(after.get(name, 0) - before.get(name, 0))
 
     return {
         "key": cache_key,
@@ -117,7 +113,7 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
         "evaluation": built.evaluator is not None and built.data.val is not None,
         "compile_s": seconds,
         "parts_s": {k: round(v, 3) for k, v in compile_parts(before, after).items() if v > 0},
-        "fx_graph_cache": {"hits": new("fx_cache_hits"), "misses": new("fx_cache_misses")},
+        "fx_graph_cache": fx_cache_counts(before, after),
     }
 
 

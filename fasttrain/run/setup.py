@@ -4,7 +4,6 @@ and the start-up lines that say what will run."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -15,7 +14,6 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.config.cli import save_resolved
-from fasttrain.config.resolution import format_batch_sizes
 from fasttrain.dist.parallel import ddp_description
 from fasttrain.dist.state import DistState
 from fasttrain.metrics.profiling import configure
@@ -56,12 +54,9 @@ def set_up(
     startup.mark("run directory, backends and CUDA start")
     seed_everything(t.seed)
     if t.batch_size is None:
-        from fasttrain.run.autobatch import auto_batch_size
+        from fasttrain.run.autobatch import fill_auto_batch_size
 
-        t.batch_size, batches = auto_batch_size(cfg, dist, resumed)
-        t.batch_sizes = format_batch_sizes(batches)
-        cfg.parsed = dataclasses.replace(cfg.typed, batch_sizes=batches)
-        seed_everything(t.seed)  # the trials drew from the RNG; the run starts as if they had not
+        fill_auto_batch_size(cfg, dist, resumed)
         if dist.is_main:
             save_resolved(cfg, run_dir / "config.yaml")  # the number, so the file reproduces it
     loader_state = (

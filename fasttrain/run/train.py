@@ -332,9 +332,7 @@ class Trainer:
         """After the loop (``ended``), or a fault: the loaders' workers, the last interval (if it
         has landed), the profile (every rank's after the loop, this rank's after a fault)."""
         self.stop.uninstall()
-        for loader in (self.built.data.train, self.built.data.val):
-            if loader is not None:
-                loader.close()
+        self.built.data.close()
         try:
             self.metrics.settle(only_if_landed=True)
         except Exception as e:  # the fault being raised is the one to report
