@@ -12,6 +12,7 @@ Each variant runs three times in a row, each run a fresh process:
 
 Examples:
     python bench/startup.py                                # fused default, default and tuned
+    python bench/startup.py --starts compile               # only the compile row and its run
     python bench/startup.py --variant plain="--fused-bn off"
     python bench/startup.py -- --loader dali --data /data/imagenet
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 FLAGS = ["--loader", "synthetic", "--compile", "--cuda-graphs", "--max-steps", "40"]
 VARIANTS = {"default mode": "--compile-mode default", "tuned (auto)": "--compile-mode auto"}
 TOP = 6  # parts named in the table, largest first
+STARTS = ("cold", "warm", "resumed", "compile")
 
 
 def cache_env(cache: Path) -> dict[str, str]:
@@ -107,12 +109,24 @@ def main() -> None:
         help="runs with FLAGS added (default: the default and tuned compile modes)",
     )
     p.add_argument(
+        "--starts",
+        default="cold,warm,resumed,compile",
+        help="which starts to run, comma-separated (default: %(default)s): warm follows cold, "
+        "resumed follows warm, and compile brings the run after it",
+    )
+    p.add_argument(
         "flags",
         nargs="*",
         help="after --: the trainer's flags (default: synthetic data, compiled, graphed, 40 steps)",
     )
     args = p.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant) or VARIANTS
+    chosen = set(filter(None, args.starts.split(",")))
+    if not chosen or chosen - set(STARTS):
+        p.error(f"--starts {args.starts}: choose from {','.join(STARTS)}")
+    for start, before in (("warm", "cold"), ("resumed", "warm")):
+        if start in chosen and before not in chosen:
+            p.error(f"--starts {args.starts}: {start} follows {before}; add {before}")
     flags = args.flags or FLAGS
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -135,10 +149,14 @@ def main() -> None:
                      Path(b)),
                 ]  # fmt: skip
                 for start, cmd, cache in starts:
+                    if start.split(",")[0] not in chosen:
+                        continue
                     s = run(cmd, cache, args.out / f"{slug}-{start.split(',')[0]}.log")
                     jsonl.write(json.dumps({"variant": label, "start": start, **s}) + "\n")
                     lines.append(row(label, start, s))
                     print(lines[-1], flush=True)
+            if "compile" not in chosen:
+                continue
             with tempfile.TemporaryDirectory() as c:
                 ahead = args.out / f"{slug}-ahead"
                 shutil.rmtree(ahead, ignore_errors=True)
