@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         build_parser().print_help()  # before torch is imported: --help answers at once
         return 0
+    from fasttrain.pycache import keep_bytecode
+
+    keep_bytecode(os.environ)  # before torch is imported: its bytecode, not its source, each start
     from fasttrain.dist.devices import one_gpu_per_rank
     from fasttrain.dist.state import claim_hardware_queues
 
