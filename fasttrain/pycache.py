@@ -40,13 +40,13 @@ def bytecode_missing(package: str = "torch") -> bool:
     return not os.access(folder, os.W_OK)
 
 
-def keep_bytecode(env: MutableMapping[str, str]) -> Path | None:
+def keep_bytecode(env: MutableMapping[str, str], package: str = "torch") -> Path | None:
     """Point this process's (and, through ``env``, its children's) bytecode at fasttrain's
-    cache where torch's would otherwise be compiled at every start; the folder, or None where
-    nothing changed."""
+    cache where ``package``'s would otherwise be compiled at every start; the folder, or None
+    where nothing changed."""
     if env.get("FASTTRAIN_PYCACHE", "1") == "0" or env.get("PYTHONPYCACHEPREFIX"):
         return None
-    if not bytecode_missing():
+    if not bytecode_missing(package):
         return None
     prefix = cache_dir() / "pycache"
     try:
