@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Each folder's place: a module may import from its own folder and from folders ranked below
-# its own, never from one ranked level or above (errors < config < model, dist < metrics <
+# its own, never from one ranked level or above (errors < config < model, pycache, dist < metrics <
 # data, step < run < commands < __main__). kernels/ installs as fasttrain.kernels.
 RANK = {
     "errors": 0,
@@ -18,6 +18,7 @@ RANK = {
     "kernels": 1,
     "model": 2,
     "dist": 2,
+    "pycache": 2,
     "metrics": 3,
     "data": 4,
     "step": 4,
