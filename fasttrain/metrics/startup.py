@@ -158,7 +158,9 @@ def describe(report: dict[str, Any]) -> str:
     hits = report.get("trace_cache", {}).get("hit", 0)
     loaded = f"; dynamo's trace loaded from the cache ({hits})" if hits else ""
     graphs = graphs if sum(cache.values()) else ""
-    return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}"
+    ahead = report.get("tuning_candidates_ahead", 0)
+    ahead = f"; {ahead} tuning candidates compiled ahead by inductor's workers" if ahead else ""
+    return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}{ahead}"
 
 
 # (phase, path fragments of a frame's file, function-name fragments or None for any), most

@@ -44,6 +44,7 @@ from fasttrain.metrics.startup import (
 from fasttrain.run.build import build
 from fasttrain.run.compile_cache import Artifacts, configure_compile_caches, key
 from fasttrain.run.runtime import configure_backends, seed_everything
+from fasttrain.step.parallel_tuning import candidates_sent
 
 log = logging.getLogger("fasttrain")
 
@@ -114,6 +115,7 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
         "compile_s": seconds,
         "parts_s": {k: round(v, 3) for k, v in compile_parts(before, after).items() if v > 0},
         "fx_graph_cache": fx_cache_counts(before, after),
+        "tuning_candidates_ahead": candidates_sent(),
     }
 
 

@@ -37,6 +37,7 @@ from fasttrain.run.compile_cache import Artifacts
 from fasttrain.run.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.run.folder import open_run_folder
 from fasttrain.run.setup import set_up, total_steps
+from fasttrain.step.parallel_tuning import candidates_sent
 
 log = logging.getLogger("fasttrain")
 
@@ -216,6 +217,7 @@ class Trainer:
         self.summary["first_step_s"] = now - t_step  # compile and autotuning, if any
         cudnn = {"cuDNN plans": selection_seconds() - self.cudnn_s}
         self.summary["startup"] = self.startup.first_step(t_step, cudnn)
+        self.summary["startup"]["tuning_candidates_ahead"] = candidates_sent()
         log.info(
             "first step done %.1f s after start; the step itself took %.1f s%s",
             self.summary["time_to_first_step_s"],

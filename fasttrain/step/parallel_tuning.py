@@ -1,0 +1,156 @@
+"""Coordinate descent's candidate kernels compiled in inductor's worker processes, ahead of the
+tuner that benchmarks them.
+
+Inductor's coordinate-descent tuning (``--compile-mode auto``) tunes each Triton kernel at its
+first call, in the training process and one configuration at a time: compile a neighbouring
+configuration (block sizes, warps), benchmark it, move on. Compiling needs no GPU, and inductor's
+compile workers sit idle by then. So as soon as a kernel that will be tuned is loaded, this sends
+the configurations its tuning is likely to try (each tunable field one and two steps either side
+of where it starts) to those workers. They compile them into Triton's on-disk cache, and the
+tuner's own compile of each then loads the result instead of compiling it. What the tuner
+benchmarks and chooses is unchanged: a candidate not compiled ahead, or not compiled yet, is
+compiled by the tuner as before. ``FASTTRAIN_PARALLEL_TUNING=0`` turns this off. Figures:
+BENCHMARKS.md, start-up."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fasttrain")
+
+ENV = "FASTTRAIN_PARALLEL_TUNING"
+# inductor passes these to its workers with each task, as they may change while the pool runs
+WORKER_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+RADIUS = 2  # one step either side is the tuner's first round; two covers a second along a field
+
+_sent = 0
+
+
+def candidates_sent() -> int:
+    """How many candidate configurations this process has sent to the compile workers."""
+    return _sent
+
+
+def compile_tuning_candidates_ahead() -> bool:
+    """Send the candidates of each kernel that coordinate descent will tune to inductor's
+    compile workers when the kernel is loaded. Returns whether it is in effect: not with
+    ``FASTTRAIN_PARALLEL_TUNING=0``, on a torch without inductor's Triton runtime, or where
+    inductor compiles in this process only (one compile thread)."""
+    if os.environ.get(ENV, "1") == "0":
+        return False
+    try:
+        from torch._inductor.async_compile import get_compile_threads
+        from torch._inductor.runtime import triton_heuristics as th
+    except ImportError:
+        return False
+    if get_compile_threads() <= 1:
+        return False
+    original = th.CachingAutotuner.precompile
+    if getattr(original, "fasttrain_ahead", False):
+        return True
+
+    def precompile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if not kwargs.get("warm_cache_only", args[0] if args else False):
+            try:
+                send(self)
+            except Exception as e:  # the tuner compiles what was not sent: slower, not wrong
+                log.debug("tuning candidates not compiled ahead: %s", e)
+        return out
+
+    precompile.fasttrain_ahead = True  # type: ignore[attr-defined]
+    th.CachingAutotuner.precompile = precompile
+    return True
+
+
+def will_tune(kernel: Any) -> bool:
+    """Whether inductor's first call of ``kernel`` will run coordinate descent on it: its
+    conditions in torch 2.11 (``CachingAutotuner.run``, ``coordinate_descent_tuning``)."""
+    from torch._inductor.runtime.hints import HeuristicType
+
+    if not kernel.inductor_meta.get("coordinate_descent_tuning") or not kernel.launchers:
+        return False
+    if kernel.heuristic_type in (
+        HeuristicType.TEMPLATE,
+        HeuristicType.USER_AUTOTUNE,
+        HeuristicType.FIXED,
+    ):
+        return False
+    reductions = (
+        HeuristicType.REDUCTION,
+        HeuristicType.PERSISTENT_REDUCTION,
+        HeuristicType.SPLIT_SCAN,
+    )
+    if kernel.deterministic_mode and kernel.heuristic_type in reductions:
+        return False
+    # a configuration coordinate descent found (the autotune cache's) is not tuned again
+    return not any(getattr(x.config, "found_by_coordesc", False) for x in kernel.launchers)
+
+
+def candidates(tuner: Any, starts: Iterable[Any]) -> list[Any]:
+    """The configurations near each of ``starts`` that ``tuner`` (a ``CoordescTuner``) may
+    try: each tunable field moved up to ``RADIUS`` steps either way, one field at a time;
+    neither the starts themselves nor duplicates."""
+    from torch._inductor.runtime.coordinate_descent_tuner import get_field, set_field
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
+
+    starts = list(starts)
+    seen = {triton_config_to_hashable(c) for c in starts}
+    out = []
+    for start in starts:
+        for field in tuner.tunable_fields:
+            value = get_field(start, field)
+            if value is None:
+                continue
+            for near in tuner.get_neighbour_values(field, value, radius=RADIUS):
+                config = copy.deepcopy(start)
+                set_field(config, field, near)
+                key = triton_config_to_hashable(config)
+                if key in seen or not tuner.is_valid_config(config):
+                    continue
+                seen.add(key)
+                out.append(config)
+    return out
+
+
+def send(kernel: Any) -> int:
+    """Queue ``kernel``'s tuning candidates on inductor's compile workers; returns how many."""
+    global _sent
+    if not will_tune(kernel) or not kernel.filename:
+        return 0
+    from torch._inductor.async_compile import AsyncCompile
+
+    configs = candidates(kernel.coordesc_tuner, (x.config for x in kernel.launchers))
+    if not configs:
+        return 0
+    source = Path(kernel.filename).read_text()
+    name = kernel.inductor_meta.get("kernel_name") or kernel.fn.__name__
+    env = {v: os.environ[v] for v in WORKER_ENV if v in os.environ}
+    pool = AsyncCompile.process_pool()
+    for config in configs:
+        pool.submit(compile_candidate, name, source, config, env)
+    _sent += len(configs)
+    return len(configs)
+
+
+def compile_candidate(name: str, source: str, config: Any, env: dict[str, str]) -> bool:
+    """In a compile worker: compile kernel ``name`` of module ``source`` with ``config`` into
+    Triton's cache, as the tuner's own compile would. Returns False where that configuration
+    does not compile (too many registers or too much shared memory: the tuner skips it too)."""
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+
+    _set_triton_ptxas_path()
+    os.environ.update(env)
+    kernel = getattr(PyCodeCache.load(source), name)
+    try:
+        kernel._precompile_config(config)
+    except Exception as e:
+        log.debug("%s %s did not compile: %s", name, config, e)
+        return False
+    return True

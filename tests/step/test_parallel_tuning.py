@@ -1,0 +1,221 @@
+"""Coordinate descent's candidates compiled ahead (step/parallel_tuning.py): which configurations
+go, which kernels send them, and that the tuner's own compile of one sent ahead is a load from
+Triton's cache, not a compile. Triton compiles for an H100/H200 target here without a GPU; the
+worker pool and the tuning itself run in the GPU test and in BENCHMARKS' start-up figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from fasttrain.step import parallel_tuning as pt
+
+NAME = "triton_poi_fused_mul_relu_0"
+# a kernel module as inductor writes one (pure tl: torch's own jitted helpers were made for
+# Triton's interpreter when the tests imported torch without a GPU)
+SOURCE = f"""
+import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_heuristics
+from torch._inductor.runtime.hints import DeviceProperties
+
+@triton_heuristics.pointwise(
+    size_hints={{'x': 1048576}},
+    filename=__file__,
+    triton_meta={{'signature': {{'in_ptr0': '*fp16', 'in_ptr1': '*fp32', 'out_ptr0': '*fp16',
+        'xnumel': 'i32', 'XBLOCK': 'constexpr'}}, 'device': DeviceProperties(type='cuda', index=0,
+        multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536,
+        max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32),
+        'constants': {{}}, 'configs': [{{}}]}},
+    inductor_meta={{'kernel_name': '{NAME}', 'coordinate_descent_tuning': True,
+        'autotune_local_cache': False, 'force_disable_caches': True}},
+    min_elem_per_thread=0,
+)
+@triton.jit
+def {NAME}(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    tmp0 = tl.load(in_ptr0 + xindex, xmask).to(tl.float32)
+    tmp1 = tl.load(in_ptr1 + (xindex % 256), xmask, eviction_policy='evict_last')
+    tmp2 = tl.maximum(tmp0 * tmp1, 0.0)
+    tl.store(out_ptr0 + xindex, tmp2.to(tl.float16), xmask)
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path, monkeypatch):
+    """The kernel above, loaded as inductor loads it (for sm_90), with fresh caches."""
+    from torch._inductor.codecache import PyCodeCache
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a JITFunction, as on a GPU (none compiles)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return getattr(PyCodeCache.load(SOURCE), NAME)
+
+
+def fields(config) -> dict[str, int]:
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def test_candidates_move_one_field_at_a_time_and_hold_the_first_round(kernel):
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
+
+    start = kernel.configs[0]
+    got = pt.candidates(kernel.coordesc_tuner, [start])
+    keys = [triton_config_to_hashable(c) for c in got]
+    assert len(keys) == len(set(keys)) and triton_config_to_hashable(start) not in keys
+    for config in got:
+        moved = {k: v for k, v in fields(config).items() if fields(start)[k] != v}
+        assert len(moved) == 1, moved
+        (name, value), was = next(iter(moved.items())), fields(start)[next(iter(moved))]
+        assert max(value, was) / min(value, was) in (2, 4)
+    # the tuner's own first round (one step either side of each field) is all there
+    tuner = kernel.coordesc_tuner
+    for name in ("XBLOCK", "num_warps"):
+        for value in tuner.get_neighbour_values(name, fields(start)[name]):
+            assert any(fields(c)[name] == value for c in got), (name, value)
+
+
+CHECK = """
+import json, os, sys
+from pathlib import Path
+from torch._inductor.codecache import PyCodeCache
+from torch._inductor.runtime import triton_helpers
+from fasttrain.step import parallel_tuning as pt
+
+source, name = sys.argv[1], sys.argv[2]
+triton_helpers.set_driver_to_gpu = lambda: None  # no GPU: the target is given explicitly
+kernel = getattr(PyCodeCache.load(source), name)
+first, other = pt.candidates(kernel.coordesc_tuner, [kernel.configs[0]])[:2]
+cache = Path(os.environ["TRITON_CACHE_DIR"])
+entries = lambda: sum(1 for _ in cache.iterdir()) if cache.is_dir() else 0
+out = {"worker": pt.compile_candidate(name, source, first, {"TRITON_CACHE_DIR": str(cache)})}
+out["after_worker"] = entries()
+kernel._precompile_config(first)  # what the tuner does for the candidate it benchmarks
+out["after_tuner"] = entries()
+kernel._precompile_config(other)  # one not sent ahead
+out["after_other"] = entries()
+print(json.dumps(out))
+"""
+
+
+def test_the_tuners_compile_of_a_candidate_sent_ahead_loads_it(tmp_path):
+    """In a fresh process: these tests' own run Triton in its interpreter, whose mode a
+    compile for the GPU cannot share."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK, SOURCE, NAME], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["worker"] and got["after_worker"] >= 1
+    assert got["after_tuner"] == got["after_worker"]  # found in Triton's cache: not compiled
+    assert got["after_other"] == got["after_worker"] + 1  # compiled, as before
+
+
+class Recorder:
+    def __init__(self):
+        self.tasks = []
+
+    def submit(self, fn, *args):
+        self.tasks.append((fn, args))
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    from torch._inductor.async_compile import AsyncCompile
+
+    recorder = Recorder()
+    monkeypatch.setattr(AsyncCompile, "process_pool", staticmethod(lambda: recorder))
+    return recorder
+
+
+def launched(kernel, *configs):
+    """``kernel`` as after its precompile in the training process: one launcher per config."""
+    kernel.launchers = [SimpleNamespace(config=c) for c in configs]
+    return kernel
+
+
+def test_a_kernel_to_be_tuned_sends_its_candidates(kernel, pool):
+    start = kernel.configs[0]
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable as key
+
+    n = pt.send(launched(kernel, start))
+    want = [key(c) for c in pt.candidates(kernel.coordesc_tuner, [start])]
+    assert n == len(want) == len(pool.tasks) > 0
+    assert [key(args[2]) for _, args in pool.tasks] == want
+    fn, (name, source, _, env) = pool.tasks[0]
+    assert fn is pt.compile_candidate and name == NAME and source == SOURCE
+    assert env["TRITON_CACHE_DIR"] and pt.candidates_sent() >= n
+
+
+def test_kernels_that_will_not_be_tuned_send_nothing(kernel, pool):
+    import copy
+
+    found = copy.deepcopy(kernel.configs[0])
+    found.found_by_coordesc = True  # the autotune cache's choice: a warm start tunes nothing
+    assert pt.send(launched(kernel, found)) == 0
+    kernel.inductor_meta = {**kernel.inductor_meta, "coordinate_descent_tuning": False}
+    assert pt.send(launched(kernel, kernel.configs[0])) == 0
+    assert pool.tasks == []
+
+
+def test_off_with_the_environment_variable(monkeypatch):
+    from torch._inductor.runtime import triton_heuristics as th
+
+    before = th.CachingAutotuner.precompile
+    monkeypatch.setenv(pt.ENV, "0")
+    assert not pt.compile_tuning_candidates_ahead()
+    assert th.CachingAutotuner.precompile is before
+
+
+def test_on_wraps_precompile_once_where_inductor_has_workers(monkeypatch):
+    from torch._inductor import config
+    from torch._inductor.runtime import triton_heuristics as th
+
+    original = th.CachingAutotuner.precompile
+    monkeypatch.setattr(th.CachingAutotuner, "precompile", original)  # restored afterwards
+    monkeypatch.delenv(pt.ENV, raising=False)
+    monkeypatch.setattr(config, "compile_threads", 1)  # inductor compiles in this process only
+    assert not pt.compile_tuning_candidates_ahead()
+    assert th.CachingAutotuner.precompile is original
+    monkeypatch.setattr(config, "compile_threads", 4)
+    assert pt.compile_tuning_candidates_ahead()
+    wrapped = th.CachingAutotuner.precompile
+    assert wrapped is not original
+    assert pt.compile_tuning_candidates_ahead() and th.CachingAutotuner.precompile is wrapped
+
+
+@pytest.mark.gpu
+def test_compiled_function_tunes_with_candidates_ahead(monkeypatch):
+    """The real pool and tuner: a compiled function with coordinate descent on sends its
+    kernels' candidates, is tuned, and computes what eager does."""
+    import torch
+    from torch._dynamo.utils import counters
+    from torch._inductor import utils
+    from torch._inductor.runtime import triton_heuristics as th
+
+    monkeypatch.delenv(pt.ENV, raising=False)
+    monkeypatch.setattr(th.CachingAutotuner, "precompile", th.CachingAutotuner.precompile)
+    if not pt.compile_tuning_candidates_ahead():
+        pytest.skip("inductor compiles in this process only here (one compile thread)")
+
+    def f(x, w, b):
+        return torch.relu(x * w + b).sum(dim=0)
+
+    x, w, b = (torch.randn(s, device="cuda") for s in ((8192, 512), (512,), (512,)))
+    sent, benched = pt.candidates_sent(), counters["inductor"]["coordesc_tuning_bench"]
+    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+    with fresh():
+        torch._dynamo.reset()
+        got = torch.compile(f, options={"coordinate_descent_tuning": True})(x, w, b)
+    assert pt.candidates_sent() > sent
+    assert counters["inductor"]["coordesc_tuning_bench"] > benched
+    torch.testing.assert_close(got, f(x, w, b), rtol=1e-4, atol=1e-3)
