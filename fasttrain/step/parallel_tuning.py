@@ -15,6 +15,7 @@ BENCHMARKS.md, start-up."""
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from collections.abc import Iterable
@@ -25,7 +26,7 @@ log = logging.getLogger("fasttrain")
 
 ENV = "FASTTRAIN_PARALLEL_TUNING"
 # inductor passes these to its workers with each task, as they may change while the pool runs
-WORKER_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+WORKER_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")
 RADIUS = 2  # one step either side is the tuner's first round; two covers a second along a field
 
 _sent = 0
@@ -54,6 +55,7 @@ def compile_tuning_candidates_ahead() -> bool:
     if getattr(original, "fasttrain_ahead", False):
         return True
 
+    @functools.wraps(original)
     def precompile(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
         if not kwargs.get("warm_cache_only", args[0] if args else False):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any
 
 log = logging.getLogger("fasttrain")
 
 BUGGY_RECHECK = "len(configs) > 1"  # the guard pytorch/pytorch#172819 names
+PTXAS = "TRITON_PTXAS_PATH"
 
 
 def keep_coordinate_descent_results() -> bool:
@@ -58,4 +60,30 @@ def keep_coordinate_descent_results() -> bool:
     recheck_autotune_cache.fasttrain_fix = True  # type: ignore[attr-defined]
     th.CachingAutotuner.recheck_autotune_cache = recheck_autotune_cache
     log.debug("torch fix applied: warm starts keep coordinate-descent results (#172819)")
+    return True
+
+
+def share_ptxas_with_compile_workers() -> bool:
+    """Make the training process compile Triton kernels with the ``ptxas`` inductor's compile
+    workers use, so that the two find each other's kernels in Triton's cache.
+
+    A torch that ships its own ``ptxas`` (``torch/bin/ptxas``, torch 2.11's CUDA 13 wheels) has
+    its compile workers point Triton at it (``TRITON_PTXAS_PATH``), but not the training process,
+    which uses Triton's own. Triton's cache key holds the ``ptxas`` version, so each compile in
+    the training process missed every kernel the workers had compiled: coordinate descent's
+    compile of each kernel's starting configuration and of every candidate, and the compile of a
+    warm start's tuned configuration. This points the training process at the same ``ptxas``,
+    as torch does where it compiles without workers. A ``TRITON_PTXAS_PATH`` already set is left
+    alone (the workers inherit it). Call it before anything is compiled: Triton keeps the first
+    ``ptxas`` version it reads. Returns whether it set the path."""
+    if os.environ.get(PTXAS) is not None:
+        return False
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+    except ImportError:  # a torch without inductor's compile workers: nothing to share
+        return False
+    _set_triton_ptxas_path()
+    if os.environ.get(PTXAS) is None:  # torch ships no ptxas: both use Triton's
+        return False
+    log.debug("torch fix applied: ptxas shared with the compile workers (%s)", os.environ[PTXAS])
     return True

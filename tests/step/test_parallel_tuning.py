@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -120,6 +122,67 @@ def test_the_tuners_compile_of_a_candidate_sent_ahead_loads_it(tmp_path):
     assert got["after_other"] == got["after_worker"] + 1  # compiled, as before
 
 
+SHARED_PTXAS = """
+import json, os, sys
+from pathlib import Path
+from torch._inductor.codecache import PyCodeCache
+from torch._inductor.runtime import compile_tasks, triton_helpers
+from fasttrain.step import parallel_tuning as pt, torch_fixes
+
+role, source, name, torch_dir = sys.argv[1:5]
+# inductor as installed in torch_dir, whose bin/ptxas its compile workers then use
+compile_tasks.__file__ = str(Path(torch_dir) / "_inductor" / "runtime" / "compile_tasks.py")
+getattr(compile_tasks._set_triton_ptxas_path, "cache_clear", lambda: None)()
+triton_helpers.set_driver_to_gpu = lambda: None  # no GPU: the target is given explicitly
+kernel = getattr(PyCodeCache.load(source), name)
+first = pt.candidates(kernel.coordesc_tuner, [kernel.configs[0]])[0]
+cache = Path(os.environ["TRITON_CACHE_DIR"])
+entries = lambda: sum(1 for _ in cache.iterdir()) if cache.is_dir() else 0
+if role == "worker":
+    print(json.dumps({"ok": pt.compile_candidate(name, source, first, {}), "entries": entries()}))
+else:
+    shared = role == "shared" and torch_fixes.share_ptxas_with_compile_workers()
+    before = entries()
+    kernel._precompile_config(first)  # the tuner's compile, in the training process
+    print(json.dumps({"shared": shared, "new": entries() - before}))
+"""
+
+
+def test_a_torch_that_ships_ptxas_shares_it_or_every_candidate_compiles_twice(tmp_path):
+    """A worker and the training process in processes of their own, with inductor installed
+    where a ``ptxas`` of another version is shipped: the training process finds the worker's
+    kernel in Triton's cache only once it uses that ``ptxas`` too (torch_fixes)."""
+    import triton
+
+    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not real.is_file():
+        pytest.skip("this Triton ships no ptxas")
+    shipped = tmp_path / "torch" / "bin" / "ptxas"  # the same compiler, another version string
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then\n'
+        "  echo 'ptxas: NVIDIA (R) Ptx optimizing assembler, as shipped with torch'\n"
+        "  echo 'Cuda compilation tools, release 12.8, V12.8.93'\n  exit 0\nfi\n"
+        f'exec {real} "$@"\n'
+    )
+    shipped.chmod(0o755)
+    unset = ("TRITON_INTERPRET", "TRITON_PTXAS_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+
+    def run(role: str, cache: str) -> dict:
+        args = [sys.executable, "-c", SHARED_PTXAS, role, SOURCE, NAME, str(shipped.parent.parent)]
+        env["TRITON_CACHE_DIR"] = str(tmp_path / cache)
+        done = subprocess.run(args, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run("worker", "triton")["ok"]
+    shutil.copytree(tmp_path / "triton", tmp_path / "copy")  # each a cache as the worker left it
+    assert run("unshared", "triton") == {"shared": False, "new": 1}  # Triton's own: compiled
+    assert run("shared", "copy") == {"shared": True, "new": 0}  # the worker's ptxas: loaded
+
+
 class Recorder:
     def __init__(self):
         self.tasks = []
@@ -180,7 +243,9 @@ def test_on_wraps_precompile_once_where_inductor_has_workers(monkeypatch):
     from torch._inductor import config
     from torch._inductor.runtime import triton_heuristics as th
 
-    original = th.CachingAutotuner.precompile
+    # inductor's own, though an earlier test's compiled step may have wrapped it already
+    now = th.CachingAutotuner.precompile
+    original = getattr(now, "__wrapped__", now)
     monkeypatch.setattr(th.CachingAutotuner, "precompile", original)  # restored afterwards
     monkeypatch.delenv(pt.ENV, raising=False)
     monkeypatch.setattr(config, "compile_threads", 1)  # inductor compiles in this process only

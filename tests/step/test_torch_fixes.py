@@ -91,3 +91,44 @@ def test_a_torch_with_the_fix_is_left_alone(monkeypatch):
     monkeypatch.setattr(th.CachingAutotuner, "recheck_autotune_cache", fixed)
     assert not torch_fixes.keep_coordinate_descent_results()
     assert th.CachingAutotuner.recheck_autotune_cache is fixed
+
+
+@pytest.fixture
+def torch_tree(tmp_path, monkeypatch):
+    """inductor's compile tasks as if installed in ``tmp_path/torch``, where a torch that ships
+    ``ptxas`` has it (``bin/ptxas``); TRITON_PTXAS_PATH unset, and torch's one-time setter reset."""
+    from torch._inductor.runtime import compile_tasks
+
+    runtime = tmp_path / "torch" / "_inductor" / "runtime"
+    runtime.mkdir(parents=True)
+    monkeypatch.setattr(compile_tasks, "__file__", str(runtime / "compile_tasks.py"))
+    monkeypatch.delenv(torch_fixes.PTXAS, raising=False)
+    reset = getattr(compile_tasks._set_triton_ptxas_path, "cache_clear", lambda: None)
+    reset()
+    yield tmp_path / "torch"
+    reset()
+
+
+def test_the_training_process_takes_the_ptxas_torch_ships(torch_tree, monkeypatch):
+    import os
+
+    ptxas = torch_tree / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(0o755)
+    assert torch_fixes.share_ptxas_with_compile_workers()
+    assert os.environ[torch_fixes.PTXAS] == str(ptxas)  # what inductor's workers set
+    assert not torch_fixes.share_ptxas_with_compile_workers()  # set: nothing more to do
+
+
+def test_a_users_ptxas_or_a_torch_without_one_is_left_as_it_is(torch_tree, monkeypatch):
+    import os
+
+    assert not torch_fixes.share_ptxas_with_compile_workers()  # no bin/ptxas: Triton's own
+    assert torch_fixes.PTXAS not in os.environ
+    (torch_tree / "bin").mkdir()
+    (torch_tree / "bin" / "ptxas").write_text("#!/bin/sh\n")
+    (torch_tree / "bin" / "ptxas").chmod(0o755)
+    monkeypatch.setenv(torch_fixes.PTXAS, "/opt/cuda/bin/ptxas")
+    assert not torch_fixes.share_ptxas_with_compile_workers()
+    assert os.environ[torch_fixes.PTXAS] == "/opt/cuda/bin/ptxas"
