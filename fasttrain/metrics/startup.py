@@ -159,7 +159,7 @@ def describe(report: dict[str, Any]) -> str:
     loaded = f"; dynamo's trace loaded from the cache ({hits})" if hits else ""
     graphs = graphs if sum(cache.values()) else ""
     ahead = report.get("tuning_candidates_ahead", 0)
-    ahead = f"; {ahead} tuning candidates compiled ahead by inductor's workers" if ahead else ""
+    ahead = f"; {ahead} tuning candidates sent to inductor's workers to compile" if ahead else ""
     return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}{ahead}"
 
 
