@@ -7,7 +7,8 @@ configuration (block sizes, warps), benchmark it, move on. Compiling needs no GP
 compile workers sit idle by then. So as soon as a kernel that will be tuned is loaded, this sends
 the configurations its tuning is likely to try (each tunable field one and two steps either side
 of where it starts) to those workers. They compile them into Triton's on-disk cache, and the
-tuner's own compile of each then loads the result instead of compiling it. What the tuner
+tuner's own compile of each then loads the result instead of compiling it (which needs both
+processes on one ``ptxas``: ``torch_fixes.share_ptxas_with_compile_workers``). What the tuner
 benchmarks and chooses is unchanged: a candidate not compiled ahead, or not compiled yet, is
 compiled by the tuner as before. ``FASTTRAIN_PARALLEL_TUNING=0`` turns this off. Figures:
 BENCHMARKS.md, start-up."""
