@@ -16,6 +16,7 @@ from torch import nn
 
 from fasttrain.dist.state import DistState
 from fasttrain.step.graphs import blame, capture, on_side_stream
+from fasttrain.step.inductor_setup import prepare_inductor
 
 log = logging.getLogger("fasttrain")
 
@@ -45,6 +46,7 @@ class Evaluator:
         self.device_type = next(model.parameters()).device.type
         self.logits = self._logits
         if compile:
+            prepare_inductor()  # `evaluate` compiles this alone, with no step before it
             self.logits = torch.compile(self._logits, dynamic=False, **(compile_options or {}))
         self.cuda_graphs = cuda_graphs and self.device_type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -28,13 +28,9 @@ from fasttrain.metrics.profiling import span
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
 from fasttrain.step.graphs import blame, capture, on_side_stream
+from fasttrain.step.inductor_setup import prepare_inductor
 from fasttrain.step.mix import Mixer
 from fasttrain.step.optim import InPlaceGradients, Schedule, set_lr
-from fasttrain.step.parallel_tuning import compile_tuning_candidates_ahead
-from fasttrain.step.torch_fixes import (
-    keep_coordinate_descent_results,
-    share_ptxas_with_compile_workers,
-)
 
 log = logging.getLogger("fasttrain")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -185,9 +181,7 @@ class CompiledStep(EagerStep):
     def __init__(self, *args, compile_options: dict[str, Any] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.description = "compiled"
-        keep_coordinate_descent_results()  # torch 2.11's warm starts re-tune without it
-        share_ptxas_with_compile_workers()  # else no compile here hits the workers' kernels
-        compile_tuning_candidates_ahead()  # the tuning's compiles in inductor's workers
+        prepare_inductor()
         # dynamic=False: the train loader's shapes never change, so never trace a dynamic graph
         self.forward = torch.compile(self._forward, dynamic=False, **(compile_options or {}))
 
