@@ -6,20 +6,25 @@ first call, in the training process and one configuration at a time: compile a n
 configuration (block sizes, warps), benchmark it, move on. Compiling needs no GPU, and inductor's
 compile workers sit idle by then. So as soon as a kernel that will be tuned is loaded, this sends
 the configurations its tuning is likely to try (each tunable field one and two steps either side
-of where it starts) to those workers. They compile them into Triton's on-disk cache, and the
-tuner's own compile of each then loads the result instead of compiling it (which needs both
-processes on one ``ptxas``: ``torch_fixes.share_ptxas_with_compile_workers``). What the tuner
-benchmarks and chooses is unchanged: a candidate not compiled ahead, or not compiled yet, is
-compiled by the tuner as before. ``FASTTRAIN_PARALLEL_TUNING=0`` turns this off. Figures:
-BENCHMARKS.md, start-up."""
+of where it starts) to those workers, and each time the tuner moves to a better configuration,
+that one's neighbours too. The workers compile them into Triton's on-disk cache. The tuner, about
+to compile a candidate that a worker is compiling now, waits for it and then loads the result
+instead of compiling it (which needs both processes on one ``ptxas``:
+``torch_fixes.share_ptxas_with_compile_workers``). What the tuner benchmarks and chooses is
+unchanged: a candidate not sent, or still queued behind others, is compiled by the tuner as
+before. ``FASTTRAIN_PARALLEL_TUNING=0`` turns this off. Figures: BENCHMARKS.md, start-up."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import logging
 import os
+import weakref
 from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,22 @@ ENV = "FASTTRAIN_PARALLEL_TUNING"
 # inductor passes these to its workers with each task, as they may change while the pool runs
 WORKER_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")
 RADIUS = 2  # one step either side is the tuner's first round; two covers a second along a field
+WAIT_S = 60.0  # for a worker's compile under way; only a worker that died takes this long
 
+
+@dataclass
+class _Kernel:
+    """What a kernel's candidates need to be compiled elsewhere, and those sent so far."""
+
+    name: str
+    source: str
+    env: dict[str, str]
+    sent: dict[Any, tuple[int, Future | None]] = field(default_factory=dict)
+
+
+_kernels: weakref.WeakKeyDictionary[Any, _Kernel] = weakref.WeakKeyDictionary()
+_in_flight: dict[int, Future] = {}  # by order sent: the pool runs them first come, first served
+_order = itertools.count()
 _sent = 0
 
 
@@ -40,18 +60,21 @@ def candidates_sent() -> int:
 
 def compile_tuning_candidates_ahead() -> bool:
     """Send the candidates of each kernel that coordinate descent will tune to inductor's
-    compile workers when the kernel is loaded. Returns whether it is in effect: not with
-    ``FASTTRAIN_PARALLEL_TUNING=0``, on a torch without inductor's Triton runtime, or where
-    inductor compiles in this process only (one compile thread)."""
+    compile workers when the kernel is loaded, and more as the tuner moves. Returns whether it
+    is in effect: not with ``FASTTRAIN_PARALLEL_TUNING=0``, on a torch without inductor's Triton
+    runtime, or where inductor compiles in this process only (one compile thread)."""
     if os.environ.get(ENV, "1") == "0":
         return False
     try:
         from torch._inductor.async_compile import get_compile_threads
         from torch._inductor.runtime import triton_heuristics as th
+        from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
     except ImportError:
         return False
     if get_compile_threads() <= 1:
         return False
+    if not getattr(CoordescTuner.compare_config, "fasttrain_follows", False):
+        CoordescTuner.compare_config = follow_the_tuner(CoordescTuner.compare_config)
     original = th.CachingAutotuner.precompile
     if getattr(original, "fasttrain_ahead", False):
         return True
@@ -69,6 +92,28 @@ def compile_tuning_candidates_ahead() -> bool:
     precompile.fasttrain_ahead = True  # type: ignore[attr-defined]
     th.CachingAutotuner.precompile = precompile
     return True
+
+
+def follow_the_tuner(compare_config: Any) -> Any:
+    """``CoordescTuner.compare_config`` that waits for a candidate a worker is compiling before
+    the tuner compiles it too, and sends the neighbours of each better configuration it finds."""
+
+    @functools.wraps(compare_config)
+    def compare(self: Any, func: Any, candidate: Any, best: Any, best_timing: float) -> Any:
+        try:
+            wait_for(self, candidate)
+        except Exception as e:  # the tuner compiles it itself: slower, not wrong
+            log.debug("tuning candidate not waited for: %s", e)
+        better, timing = compare_config(self, func, candidate, best, best_timing)
+        if better:
+            try:
+                send_near(self, [candidate])
+            except Exception as e:
+                log.debug("tuning candidates not compiled ahead: %s", e)
+        return better, timing
+
+    compare.fasttrain_follows = True  # type: ignore[attr-defined]
+    return compare
 
 
 def will_tune(kernel: Any) -> bool:
@@ -106,13 +151,13 @@ def candidates(tuner: Any, starts: Iterable[Any]) -> list[Any]:
     seen = {triton_config_to_hashable(c) for c in starts}
     out = []
     for start in starts:
-        for field in tuner.tunable_fields:
-            value = get_field(start, field)
+        for name in tuner.tunable_fields:
+            value = get_field(start, name)
             if value is None:
                 continue
-            for near in tuner.get_neighbour_values(field, value, radius=RADIUS):
+            for near in tuner.get_neighbour_values(name, value, radius=RADIUS):
                 config = copy.deepcopy(start)
-                set_field(config, field, near)
+                set_field(config, name, near)
                 key = triton_config_to_hashable(config)
                 if key in seen or not tuner.is_valid_config(config):
                     continue
@@ -123,22 +168,65 @@ def candidates(tuner: Any, starts: Iterable[Any]) -> list[Any]:
 
 def send(kernel: Any) -> int:
     """Queue ``kernel``'s tuning candidates on inductor's compile workers; returns how many."""
-    global _sent
     if not will_tune(kernel) or not kernel.filename:
         return 0
-    from torch._inductor.async_compile import AsyncCompile
-
-    configs = candidates(kernel.coordesc_tuner, (x.config for x in kernel.launchers))
-    if not configs:
-        return 0
-    source = Path(kernel.filename).read_text()
     name = kernel.inductor_meta.get("kernel_name") or kernel.fn.__name__
     env = {v: os.environ[v] for v in WORKER_ENV if v in os.environ}
+    if kernel.coordesc_tuner not in _kernels:
+        source = Path(kernel.filename).read_text()
+        _kernels[kernel.coordesc_tuner] = _Kernel(name, source, env)
+    return send_near(kernel.coordesc_tuner, (x.config for x in kernel.launchers))
+
+
+def send_near(tuner: Any, starts: Iterable[Any]) -> int:
+    """Queue the candidates near ``starts`` of a kernel ``send`` has seen, those not sent
+    already, on the compile workers; returns how many."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
+
+    global _sent
+    kernel = _kernels.get(tuner)
+    if kernel is None:
+        return 0
+    starts = list(starts)
+    for start in starts:  # the starts were compiled by inductor or by the tuner already
+        kernel.sent.setdefault(triton_config_to_hashable(start), (-1, None))
+    configs = [
+        c for c in candidates(tuner, starts) if triton_config_to_hashable(c) not in kernel.sent
+    ]
     pool = AsyncCompile.process_pool()
     for config in configs:
-        pool.submit(compile_candidate, name, source, config, env)
+        future = pool.submit(compile_candidate, kernel.name, kernel.source, config, kernel.env)
+        order = next(_order)
+        kernel.sent[triton_config_to_hashable(config)] = (order, future)
+        if isinstance(future, Future):
+            _in_flight[order] = future
     _sent += len(configs)
     return len(configs)
+
+
+def wait_for(tuner: Any, config: Any) -> bool:
+    """Before the tuner compiles ``config``: wait for a worker's compile of it where one is
+    under way, so that the tuner's compile loads it. A candidate still queued behind more
+    than the workers can take at once is left to the tuner. Returns whether it waited."""
+    from torch._inductor.async_compile import get_compile_threads
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
+
+    kernel = _kernels.get(tuner)
+    order, future = (
+        kernel.sent.get(triton_config_to_hashable(config), (-1, None)) if kernel else (-1, None)
+    )
+    if future is None or future.done():
+        return False
+    for done in [k for k, f in _in_flight.items() if f.done()]:
+        del _in_flight[done]
+    if sum(1 for k in _in_flight if k < order) >= get_compile_threads():
+        return False
+    try:
+        future.result(timeout=WAIT_S)
+    except Exception as e:  # a worker that failed: the tuner compiles it and sees why
+        log.debug("waiting for a tuning candidate: %s", e)
+    return True
 
 
 def compile_candidate(name: str, source: str, config: Any, env: dict[str, str]) -> bool:

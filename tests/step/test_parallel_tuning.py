@@ -230,6 +230,109 @@ def test_kernels_that_will_not_be_tuned_send_nothing(kernel, pool):
     assert pool.tasks == []
 
 
+class Futures:
+    """A pool whose tasks stay under way until the test finishes them."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        self.tasks.append((args[2], future))
+        return future
+
+    def finish(self):
+        for _, future in self.tasks:
+            if not future.done():
+                future.set_result(True)
+
+
+def descend(kernel, monkeypatch, follow: bool):
+    """Coordinate descent on ``kernel`` with made-up timings that reward a larger XBLOCK and
+    fewer warps (so it moves along both fields, over rounds), as the tuner's first call would
+    run it. Returns the configurations it benchmarked, in order, and the one it chose."""
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    original = getattr(CoordescTuner.compare_config, "__wrapped__", CoordescTuner.compare_config)
+    compare = pt.follow_the_tuner(original) if follow else original
+    monkeypatch.setattr(CoordescTuner, "compare_config", compare)
+    tuned = []
+
+    def bench(config):
+        tuned.append(config)
+        return abs(config.kwargs["XBLOCK"] - 4096) / 256 + config.num_warps
+
+    tuner = kernel.coordesc_tuner
+    tuner.cached_benchmark_results = {}
+    start = kernel.configs[0]
+    chosen = tuner.autotune(bench, start, bench(start))
+    return tuned, chosen
+
+
+def test_following_the_tuner_sends_every_configuration_it_then_tries(kernel, pool, monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable as key
+
+    pt.send(launched(kernel, kernel.configs[0]))
+    first_round = len(pool.tasks)
+    tuned, chosen = descend(kernel, monkeypatch, follow=True)
+    sent = [key(args[2]) for _, args in pool.tasks]
+    assert len(sent) > first_round  # the tuner moved, and the new configurations' neighbours went
+    assert len(sent) == len(set(sent))  # none twice
+    assert all(key(c) in sent for c in tuned[1:])  # the start was compiled by inductor
+    assert key(chosen) != key(kernel.configs[0])
+
+
+def test_what_the_tuner_tries_and_chooses_is_unchanged(kernel, pool, monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable as key
+
+    plain, plain_choice = descend(kernel, monkeypatch, follow=False)
+    pt.send(launched(kernel, kernel.configs[0]))
+    followed, followed_choice = descend(kernel, monkeypatch, follow=True)
+    assert [key(c) for c in followed] == [key(c) for c in plain]
+    assert key(followed_choice) == key(plain_choice)
+
+
+def test_the_tuner_waits_for_a_candidate_under_way(kernel, monkeypatch):
+    import threading
+    import time
+
+    from torch._inductor.async_compile import AsyncCompile
+
+    futures = Futures()
+    monkeypatch.setattr(AsyncCompile, "process_pool", staticmethod(lambda: futures))
+    pt.send(launched(kernel, kernel.configs[0]))
+    config, future = futures.tasks[0]
+    threading.Timer(0.2, futures.finish).start()  # the workers finish all in 0.2 s
+    began = time.perf_counter()
+    assert pt.wait_for(kernel.coordesc_tuner, config) and future.done()
+    assert time.perf_counter() - began >= 0.15
+    assert not pt.wait_for(kernel.coordesc_tuner, config)  # compiled: nothing to wait for
+
+
+def test_a_candidate_queued_behind_more_than_the_workers_take_is_left_to_the_tuner(
+    kernel, monkeypatch
+):
+    from torch._inductor import config as inductor_config
+    from torch._inductor.async_compile import AsyncCompile
+
+    futures = Futures()
+    monkeypatch.setattr(AsyncCompile, "process_pool", staticmethod(lambda: futures))
+    pt.send(launched(kernel, kernel.configs[0]))
+    assert len(futures.tasks) >= 3
+    monkeypatch.setattr(inductor_config, "compile_threads", 2)
+    try:
+        last, _ = futures.tasks[-1]  # two or more ahead of it, two workers
+        assert not pt.wait_for(kernel.coordesc_tuner, last)
+        futures.tasks[0][1].set_result(True)
+        futures.tasks[1][1].set_result(True)
+        futures.tasks[-1][1].set_result(True)
+        assert not pt.wait_for(kernel.coordesc_tuner, last)  # done: loaded, not waited for
+    finally:
+        futures.finish()
+
+
 def test_off_with_the_environment_variable(monkeypatch):
     from torch._inductor.runtime import triton_heuristics as th
 
