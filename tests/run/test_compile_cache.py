@@ -5,8 +5,10 @@ find the first job's cache, or what ``fasttrain compile`` compiled in one proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +18,31 @@ import pytest
 from tests.conftest import FAST
 
 COMPILE = [*FAST, "--compile", "--eval-every", "0", "--log-every", "1"]
+HANG_S = 600  # each run here takes a minute or two on two cores
 
 
 def fasttrain(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A run in a process of its own: torch keeps compiled code in memory too."""
-    done = subprocess.run(
-        [sys.executable, "-m", "fasttrain", *map(str, argv)],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    """A run in a process of its own: torch keeps compiled code in memory too. One that hangs
+    is stopped with SIGABRT, which Python's fault handler answers with every thread's stack in
+    each of its processes, so that the failure says where it hung."""
+    args = [sys.executable, "-m", "fasttrain", *map(str, argv)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    with subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    ) as run:  # fmt: skip
+        try:
+            out, err = run.communicate(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGABRT)
+            try:
+                out, err = run.communicate(timeout=30)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.pid, signal.SIGKILL)
+            pytest.fail(f"fasttrain {argv} still running after {HANG_S} s; stacks:\n{err[-20000:]}")
+    assert run.returncode == 0, err[-3000:]
+    return subprocess.CompletedProcess(args, run.returncode, out, err)
 
 
 def warm(run_dir: Path, rank: int = 0) -> tuple[bool, int, int]:
