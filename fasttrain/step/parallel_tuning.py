@@ -170,9 +170,9 @@ def send(kernel: Any) -> int:
     """Queue ``kernel``'s tuning candidates on inductor's compile workers; returns how many."""
     if not will_tune(kernel) or not kernel.filename:
         return 0
-    name = kernel.inductor_meta.get("kernel_name") or kernel.fn.__name__
-    env = {v: os.environ[v] for v in WORKER_ENV if v in os.environ}
     if kernel.coordesc_tuner not in _kernels:
+        name = kernel.inductor_meta.get("kernel_name") or kernel.fn.__name__
+        env = {v: os.environ[v] for v in WORKER_ENV if v in os.environ}
         source = Path(kernel.filename).read_text()
         _kernels[kernel.coordesc_tuner] = _Kernel(name, source, env)
     return send_near(kernel.coordesc_tuner, (x.config for x in kernel.launchers))
@@ -191,14 +191,13 @@ def send_near(tuner: Any, starts: Iterable[Any]) -> int:
     starts = list(starts)
     for start in starts:  # the starts were compiled by inductor or by the tuner already
         kernel.sent.setdefault(triton_config_to_hashable(start), (-1, None))
-    configs = [
-        c for c in candidates(tuner, starts) if triton_config_to_hashable(c) not in kernel.sent
-    ]
+    configs = {triton_config_to_hashable(c): c for c in candidates(tuner, starts)}
+    configs = {k: c for k, c in configs.items() if k not in kernel.sent}
     pool = AsyncCompile.process_pool()
-    for config in configs:
+    for key, config in configs.items():
         future = pool.submit(compile_candidate, kernel.name, kernel.source, config, kernel.env)
         order = next(_order)
-        kernel.sent[triton_config_to_hashable(config)] = (order, future)
+        kernel.sent[key] = (order, future)
         if isinstance(future, Future):
             _in_flight[order] = future
     _sent += len(configs)
@@ -213,9 +212,9 @@ def wait_for(tuner: Any, config: Any) -> bool:
     from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
 
     kernel = _kernels.get(tuner)
-    order, future = (
-        kernel.sent.get(triton_config_to_hashable(config), (-1, None)) if kernel else (-1, None)
-    )
+    if kernel is None:
+        return False
+    order, future = kernel.sent.get(triton_config_to_hashable(config), (-1, None))
     if future is None or future.done():
         return False
     for done in [k for k, f in _in_flight.items() if f.done()]:
