@@ -25,7 +25,8 @@ class Evaluator:
     """Eval-mode forward passes, compiled apart from training and optionally CUDA-graphed.
 
     Eval mode (BN running statistics) is another graph; compiling and capturing it apart leaves
-    the training graph untouched, so switching between the two never recaptures either.
+    the training graph untouched, so switching between the two never recaptures either (only
+    ``recapture`` does).
     """
 
     def __init__(
@@ -52,6 +53,11 @@ class Evaluator:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_in: torch.Tensor | None = None
         self.static_out: torch.Tensor | None = None
+
+    def recapture(self) -> None:
+        """Capture the eval forward again at the next evaluation, with the kernels as they are
+        then (``late_tuning``'s tuned kernels)."""
+        self.graph = None
 
     def _logits(self, images: torch.Tensor) -> torch.Tensor:
         dtype = self.amp_dtype or torch.float32

@@ -49,6 +49,9 @@ class TrainStep(Protocol):
 
     def __call__(self, batches: Sequence[Batch], meter: DeviceMeter, step: int) -> None: ...
 
+    def recapture(self) -> None:
+        """Capture the step again at the next call, with the kernels as they are then."""
+
 
 class EagerStep:
     """The reference step; ``__call__(batches, meter, step)`` trains one optimizer step."""
@@ -83,6 +86,9 @@ class EagerStep:
         self.input_dtype = amp_dtype or next(model.parameters()).dtype
         self.device_type = next(model.parameters()).device.type
         self.forward = self._forward
+
+    def recapture(self) -> None:
+        """Nothing is captured: each call runs the kernels as they are."""
 
     def generators(self) -> list[torch.Generator]:
         """The step's own random generators besides torch's default ones (the batch
@@ -203,7 +209,8 @@ class GraphedStep:
     - **LR:** computed in the graph by ``Schedule.lr_tensor`` from a device step counter that
       the graph increments, into the tensor the fused optimizer reads.
     - **A new input shape** (``--progressive-resizing``'s next size) drops the graph and its
-      memory pool, warms up at the new shape (compiling it, once per size) and captures again.
+      memory pool, warms up at the new shape (compiling it, once per size) and captures again;
+      so does ``recapture`` (``--tune-kernels later``'s tuned kernels).
     - **Failure:** if capture fails, the warning names the op that broke it, and training goes on
       with ``base``, ungraphed.
     """
@@ -256,9 +263,7 @@ class GraphedStep:
                     "x".join(map(str, shapes[0])),
                     "x".join(map(str, self.shapes[0])),
                 )
-            if self.graph is not None:  # its replays left gradients in its pool
-                self.base.optimizer.zero_grad(set_to_none=True)
-            self.graph, self.static, self.warmed = None, [], 0  # frees the old graph's pool
+            self.recapture()
             self.shapes = shapes
         if self.graph is None:
             if self.warmed == 0:  # the optimizer reads its LR from the device from now on
@@ -278,6 +283,13 @@ class GraphedStep:
         with span("fasttrain.graph_replay"):
             self.graph.replay()
         meter.samples += images_in(batches)
+
+    def recapture(self) -> None:
+        """Drop the graph and its memory pool: the next call warms up and captures again, on
+        the kernels as they are then (a new input shape; ``late_tuning``'s tuned kernels)."""
+        if self.graph is not None:  # its replays left gradients in its pool
+            self.base.optimizer.zero_grad(set_to_none=True)
+        self.graph, self.static, self.warmed = None, [], 0
 
     def _warm_up(self, batches: Sequence[Batch], meter: DeviceMeter) -> None:
         def step() -> None:

@@ -324,6 +324,25 @@ def test_a_new_input_size_recaptures_and_replays_its_base_step_exactly(caplog):
     assert rel(flat(model), flat(ref_model)) < 1e-6
 
 
+def test_recapture_mid_run_replays_its_base_step_exactly(caplog):
+    """``recapture`` (``--tune-kernels later``'s tuned kernels) drops the graph: the next steps
+    warm up and capture again, and the run still trains exactly as its base step does."""
+    data = batches(16)
+    ref_model, ref_step = make("eager")
+    ref_losses = train(ref_step, data)
+    model, step = make("eager+graph")
+    meter = DeviceMeter(DEV)
+    with caplog.at_level(logging.INFO, logger="fasttrain"):
+        losses = train(step, data[:8], meter=meter)
+        step.recapture()
+        assert step.graph is None
+        losses += train(step, data[8:], meter=meter, first=8)
+    captures = [r for r in caplog.records if "captured the training step" in r.getMessage()]
+    assert len(captures) == 2 and step.graph is not None and int(step.step_t) == 16
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    assert rel(flat(model), flat(ref_model)) < 1e-6
+
+
 def batch_at(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One learnable batch (as ``batches``) at ``size`` px."""
     g = torch.Generator().manual_seed(seed)
