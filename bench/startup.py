@@ -14,6 +14,8 @@ Examples:
     python bench/startup.py                                # fused default, default and tuned
     python bench/startup.py --starts compile               # only the compile row and its run
     python bench/startup.py --variant plain="--fused-bn off"
+    python bench/startup.py --starts cold --variant later="--tune-kernels later" -- \
+        --loader synthetic --compile --cuda-graphs --max-steps 3000
     python bench/startup.py -- --loader dali --data /data/imagenet
 """
 
@@ -95,6 +97,9 @@ def row(label: str, start: str, s: dict) -> str:
     if traces:
         caches += f", trace {traces['hit']}/{sum(traces.values())}"
     rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""
+    if "late_tuning" in s:  # --tune-kernels later: the step that tuned
+        late = s["late_tuning"]
+        named += f"; step {late['step']} tuned {late['kernels']} kernels in {late['seconds']:.1f}"
     return f"| {label} | {start} | {r['total_s']:.1f} | {named} | {caches} | {rate} |"
 
 

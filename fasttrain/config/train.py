@@ -81,6 +81,17 @@ class TrainConfig:
         "--compile-mode auto on a GPU, coordinate_descent_tuning joins them unless they set it",
         nullable=True,
     )
+    tune_kernels: str = option(
+        "first-step",
+        "--tune-kernels",
+        "when inductor's coordinate-descent tuning (--compile-mode auto on a GPU) runs where its "
+        "cache has no result: first-step (each kernel at its first call: the first start's "
+        "first step waits for all of it) or later (training starts on the untuned kernels, "
+        "which --compile-mode default runs, while inductor's compile workers compile the "
+        "tuning's candidates; once they have, one step tunes every kernel and the CUDA graphs "
+        "are captured again). later: one process only",
+        choices=("first-step", "later"),
+    )
     compile_cache: str | None = option(
         None,
         "--compile-cache",

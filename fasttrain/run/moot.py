@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fasttrain.config import OPTION_BY_KEY, Config
 from fasttrain.run.compile_cache import why_no_trace
+from fasttrain.step.late_tuning import tunes_kernels
 
 # the DDP wrapper's settings: read only with --strategy ddp
 DDP_ONLY = (
@@ -33,6 +34,7 @@ TRAINING = (
     "train.batch_sizes",
     "train.accum_steps",
     "train.on_nan",
+    "train.tune_kernels",
     "train.random_erase",
     "train.mixup_alpha",
     "train.cutmix_alpha",
@@ -85,6 +87,10 @@ MOOT = (
     Moot(("train.compile_cache", "train.trace_cache"),
          lambda c, _: not c.train.compile,
          lambda c, _: "unused without --compile"),
+    Moot(("train.tune_kernels",),
+         lambda c, _: not tunes_kernels(c),
+         lambda c, _: "unused: no kernel is tuned (--compile with --compile-mode auto on a GPU, "
+                      "or coordinate_descent_tuning in --inductor-options, tunes them)"),
     Moot(("train.trace_cache",),
          lambda c, launch: c.train.compile and why_no_trace(c, launch.world_size) is not None,
          lambda c, launch: f"unused: {why_no_trace(c, launch.world_size)}"),

@@ -75,6 +75,8 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
     own default), the shapes compiled, the seconds and the FX graph cache's hits and misses."""
     t = cfg.train
     check(cfg, job)
+    if t.tune_kernels == "later":  # a run with it finds them tuned and puts nothing off
+        log.info("compile: --tune-kernels later: this command tunes every kernel now, its job")
     solo = DistState(0, 0, 1, job.device, 1)  # this process: it runs the steps
     where = configure_compile_caches(cfg, job.world_size)
     cache_key = key(cfg, job.world_size)  # as the job keys it: before --batch-size auto's trials

@@ -19,6 +19,7 @@ from fasttrain.errors import UserError
 from fasttrain.model.fused_support import check
 from fasttrain.run.moot import Launch, given_keys, moot_notes
 from fasttrain.run.resolve_bn import SupportCheck, resolve_bn_paths
+from fasttrain.step.late_tuning import tunes_kernels
 
 if TYPE_CHECKING:
     from fasttrain.dist.state import DistState
@@ -104,8 +105,14 @@ def resolve(
     _lr_notes(cfg, notes)
     _resolve_parallel(cfg, dist, gpus)
     kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
-    notes += moot_notes(cfg, given, Launch(dist.world_size))  # now that every mode is known
     cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes, bn_path)
+    if t.tune_kernels == "later" and dist.world_size > 1 and tunes_kernels(cfg):
+        raise UserError(
+            f"--tune-kernels later: one process only ({dist.world_size} here, each of which "
+            "would tune at a step of its own); leave it out, so that the job tunes at its first "
+            "step, or fill the cache first with python -m fasttrain compile and the job's flags"
+        )
+    notes += moot_notes(cfg, given, Launch(dist.world_size))  # now that every mode is known
     return cfg
 
 

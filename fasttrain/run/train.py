@@ -37,6 +37,7 @@ from fasttrain.run.compile_cache import Artifacts
 from fasttrain.run.faults import NonFiniteWatch, StopRequest, checkpoint_after_oom
 from fasttrain.run.folder import open_run_folder
 from fasttrain.run.setup import set_up, total_steps
+from fasttrain.step.late_tuning import LateTuning, tunes_kernels
 from fasttrain.step.parallel_tuning import candidates_sent
 
 log = logging.getLogger("fasttrain")
@@ -95,6 +96,9 @@ class Trainer:
         self.stopped = False
         self.last_eval: dict[str, float] | None = None
         self.eval_step = self.saved_step = self.bn_averaged_step = -1
+        later = cfg.train.tune_kernels == "later" and tunes_kernels(cfg)
+        # --tune-kernels later: from here on, kernels train untuned until the loop tunes them
+        self.late = LateTuning() if later else None
 
     def fit(self) -> dict[str, Any]:
         """Train to the end of the run, or until a stop request; returns the run summary."""
@@ -193,8 +197,14 @@ class Trainer:
             )
         t_step = time.perf_counter()
         first = self.step == self.start_step and self.dist.is_main
+        tuning = self.late is not None and not first and self.late.due()
+        if tuning:  # the step and evaluation are captured again after it
+            evaluators = (self.built.evaluator, self.built.ema_evaluator)
+            graphs = [self.training.step, *(e for e in evaluators if e is not None)]
+            self.late.begin(self.step + 1, graphs)
         with (
             Heartbeat("first step", self.t_start) if first else nullcontext(),
+            Heartbeat("tuning the kernels", self.t_start) if tuning else nullcontext(),
             self.dist.collective("the training step (DDP's gradient all_reduce)"),
             self.timer.step(),
             span("fasttrain.step"),
@@ -207,6 +217,9 @@ class Trainer:
             self.first_step_done(t_step)
         elif self.resized is not None and self.step == self.resized[0] + 1:
             self.first_resized_step_done()
+        if tuning:
+            self.late.done(self.dist.device, t_step)
+            self.metrics.restart_interval()
 
     def first_step_done(self, t_step: float) -> None:
         """A one-off sync, to report start-up cost (not the steady state)."""
@@ -334,6 +347,8 @@ class Trainer:
         """After the loop (``ended``), or a fault: the loaders' workers, the last interval (if it
         has landed), the profile (every rank's after the loop, this rank's after a fault)."""
         self.stop.uninstall()
+        if self.late is not None:
+            self.summary["late_tuning"] = self.late.close()
         self.built.data.close()
         try:
             self.metrics.settle(only_if_landed=True)

@@ -58,6 +58,13 @@ def candidates_sent() -> int:
     return _sent
 
 
+def candidates_compiling() -> int:
+    """How many candidates sent to the compile workers are not compiled yet."""
+    for done in [k for k, f in _in_flight.items() if f.done()]:
+        del _in_flight[done]
+    return len(_in_flight)
+
+
 def compile_tuning_candidates_ahead() -> bool:
     """Send the candidates of each kernel that coordinate descent will tune to inductor's
     compile workers when the kernel is loaded, and more as the tuner moves. Returns whether it
@@ -217,8 +224,7 @@ def wait_for(tuner: Any, config: Any) -> bool:
     order, future = kernel.sent.get(triton_config_to_hashable(config), (-1, None))
     if future is None or future.done():
         return False
-    for done in [k for k, f in _in_flight.items() if f.done()]:
-        del _in_flight[done]
+    candidates_compiling()  # forgets those done
     if sum(1 for k in _in_flight if k < order) >= get_compile_threads():
         return False
     try:

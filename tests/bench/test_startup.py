@@ -78,6 +78,17 @@ def test_starts_out_of_order_or_unknown_stop(monkeypatch, tmp_path, capsys, star
     assert says in capsys.readouterr().err
 
 
+def test_a_row_names_the_step_that_tuned_later():
+    summary = {
+        "startup": {"total_s": 61.0, "parts_s": {"inductor codegen": 25.0},
+                    "fx_graph_cache": {"hits": 0, "misses": 2}},
+        "img_per_s": 9000.0,
+        "late_tuning": {"step": 212, "kernels": 127, "seconds": 41.5},
+    }  # fmt: skip
+    line = startup.row("later", "cold", summary)
+    assert "| 61.0 |" in line and "step 212 tuned 127 kernels in 41.5" in line
+
+
 def test_a_failed_run_is_a_row(monkeypatch):
     assert "failed (exit 1)" in startup.row("t", "cold", {"exit": 1})
     assert "failed (exit 2)" in startup.compile_row("t", {"exit": 2})

@@ -6,8 +6,18 @@ from __future__ import annotations
 import pytest
 
 from fasttrain.config import OPTION_BY_KEY, Config
+from fasttrain.config.parse import Parsed
+from fasttrain.errors import UserError
 from fasttrain.run.moot import ALWAYS_READ, MOOT, Launch, given_keys, moot_notes
 from tests.config.test_config import resolved
+
+
+def _resolved(cfg: Config) -> Config:
+    """``cfg`` with the values ``resolve`` fills in, and parsed."""
+    cfg.train.triton_kernels = "none"
+    cfg.train.compile_mode = "default"
+    cfg.parsed = Parsed.of(cfg)
+    return cfg
 
 
 def _modes() -> list[tuple[Config, Launch]]:
@@ -22,12 +32,16 @@ def _modes() -> list[tuple[Config, Launch]]:
         cfg = Config()
         cfg.data.loader, cfg.train.device, cfg.optim.lr_schedule = loader, device, schedule
         cfg.train.strategy, cfg.run.test_only = "none", test_only
-        out.append((cfg, Launch(1)))
-    for world, strategy, batch in [(2, "ddp", 256), (1, "none", None)]:  # compiled
+        out.append((_resolved(cfg), Launch(1)))
+    for world, strategy, batch, inductor in [
+        (2, "ddp", 256, "none"),
+        (1, "none", None, "coordinate_descent_tuning"),
+    ]:  # compiled
         cfg = Config()
         cfg.data.loader, cfg.train.device, cfg.train.compile = "synthetic", "cuda", True
         cfg.train.strategy, cfg.train.batch_size = strategy, batch
-        out.append((cfg, Launch(world)))
+        cfg.train.inductor_options = inductor
+        out.append((_resolved(cfg), Launch(world)))
     return out
 
 
@@ -79,6 +93,9 @@ def test_a_default_or_a_value_resolve_filled_in_is_never_named():
         (["--data", "/d", "--lars-eta", "0.01"], "--lars-eta: unused with --opt sgd"),
         (["--data", "/d", "--profile-wait", "3"], "--profile-wait: unused without --profile"),
         (["--data", "/d", "--dist-timeout", "30"], "--dist-timeout: unused in one process"),
+        (["--data", "/d", "--tune-kernels", "later"], "--tune-kernels: unused: no kernel is tuned"),
+        (["--data", "/d", "--compile", "--compile-mode", "default", "--tune-kernels", "later"],
+         "--tune-kernels: unused: no kernel is tuned"),
         (["--data", "/d", "--test-only", "--weights", __file__, "--lr", "0.3", "--epochs", "3"],
          "--lr, --epochs: unused by evaluate (--test-only)"),
     ],
@@ -109,3 +126,12 @@ def test_a_step_schedule_that_never_decays_says_so():
     notes = []  # evaluate trains nothing: no schedule to speak of
     resolved(["--data", "/d", "--test-only", "--weights", __file__, "--epochs", "12"], notes=notes)
     assert not any("never decays" in n for n in notes)
+
+
+def test_tuning_later_is_read_where_kernels_are_tuned_and_refused_for_several_processes():
+    notes = []
+    cfg = resolved(["--data", "/d", "--compile", "--tune-kernels", "later"], notes=notes)
+    assert cfg.train.tune_kernels == "later" and not any("--tune-kernels" in n for n in notes)
+    with pytest.raises(UserError, match=r"^--tune-kernels later: one process only \(2 here"):
+        resolved(["--data", "/d", "--compile", "--tune-kernels", "later"], world=2)
+    resolved(["--data", "/d", "--compile"], world=2)  # the default: tuned at the first step

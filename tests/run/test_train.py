@@ -502,3 +502,44 @@ def test_auto_augment_in_the_torchvision_loader_resumes_bitwise(run, tiny_data, 
     common = ["--data", tiny_data, *FAST, "--epochs", "1", "--eval-every", "0", "--log-every",
               "2", "--auto-augment", "ta_wide"]  # fmt: skip
     assert_exact_resume(run, common, tmp_path, steps=12)
+
+
+def test_tuning_later_runs_in_the_step_it_is_due_and_has_the_step_captured_again(
+    run, tmp_path, monkeypatch
+):
+    """The loop's side of --tune-kernels later, with a stand-in for the tuning (the CPU compiles
+    no Triton kernel to put off): asked before every step but the first, the tuning begins in
+    the step it is first due, with the training step to capture again, and summary.json keeps
+    what the tuning reports at the end."""
+    import fasttrain.run.train as loop
+
+    calls = []
+
+    class Late:
+        def __init__(self):
+            self.asked = 0
+
+        def due(self):
+            self.asked += 1
+            return self.asked == 3
+
+        def begin(self, step, graphs):
+            calls.append(("begin", step, [type(g).__name__ for g in graphs]))
+
+        def done(self, device, began):
+            calls.append(("done", device.type))
+
+        def close(self):
+            calls.append(("close",))
+            return {"step": 4, "kernels": 2}
+
+    monkeypatch.setattr(loop, "tunes_kernels", lambda cfg: True)
+    monkeypatch.setattr(loop, "LateTuning", Late)
+    out = tmp_path / "late"
+    code, err = run("--loader", "synthetic", "--synthetic-steps", "6", "--max-steps", "6",
+                    "--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--device",
+                    "cpu", "--tune-kernels", "later", "--output-dir", out)  # fmt: skip
+    assert code == 0, err
+    assert calls == [("begin", 4, ["EagerStep"]), ("done", "cpu"), ("close",)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["late_tuning"]["step"] == 4 and summary["late_tuning"]["kernels"] == 2
