@@ -99,7 +99,11 @@ def row(label: str, start: str, s: dict) -> str:
     rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""
     if "late_tuning" in s:  # --tune-kernels later: the step that tuned
         late = s["late_tuning"]
-        named += f"; step {late['step']} tuned {late['kernels']} kernels in {late['seconds']:.1f}"
+        named += (
+            f"; tuned later: {late['kernels']} kernels, step {late['step']}, {late['seconds']:.1f}"
+            if late["step"] is not None
+            else f"; tuned later: {late['kernels']} kernels, not before the run's end"
+        )
     return f"| {label} | {start} | {r['total_s']:.1f} | {named} | {caches} | {rate} |"
 
 

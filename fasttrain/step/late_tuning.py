@@ -117,7 +117,9 @@ class LateTuning:
     def due(self) -> bool:
         """Whether the next step should tune: kernels wait for it and the compile workers have
         no candidate left to compile (without workers: at once)."""
-        return _deferring and len(_waiting) > 0 and candidates_compiling() == 0 and waiting() > 0
+        if not (_deferring and _waiting):  # the usual answer, at every step: no work
+            return False
+        return candidates_compiling() == 0 and waiting() > 0
 
     def begin(self, step: int, graphs: Iterable[Recapturable]) -> None:
         """Let the kernels put off tune at their next call, in ``step``, and have ``graphs``
@@ -127,10 +129,11 @@ class LateTuning:
         for graph in graphs:
             graph.recapture()
         log.info(
-            "--tune-kernels later: the compile workers are done; step %d tunes %d kernels, "
-            "then the step is captured again on them",
-            step,
+            "--tune-kernels later: the compile workers are done; the %d kernels put off tune "
+            "at their next call (the training step's in step %d, evaluation's at the next "
+            "evaluation), and both are captured again on them",
             self.kernels,
+            step,
         )
 
     def done(self, device: torch.device, began: float) -> None:
@@ -139,7 +142,7 @@ class LateTuning:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.seconds = time.perf_counter() - began
-        log.info("step %d tuned %d kernels in %.1f s", self.step, self.kernels, self.seconds)
+        log.info("step %d, which tuned the step's kernels, took %.1f s", self.step, self.seconds)
 
     def close(self) -> dict[str, Any]:
         """Stop putting tuning off (whatever compiles after the run tunes as usual); returns

@@ -86,7 +86,9 @@ def test_a_row_names_the_step_that_tuned_later():
         "late_tuning": {"step": 212, "kernels": 127, "seconds": 41.5},
     }  # fmt: skip
     line = startup.row("later", "cold", summary)
-    assert "| 61.0 |" in line and "step 212 tuned 127 kernels in 41.5" in line
+    assert "| 61.0 |" in line and "tuned later: 127 kernels, step 212, 41.5" in line
+    summary["late_tuning"] = {"step": None, "kernels": 127}
+    assert "tuned later: 127 kernels, not before the run's end" in startup.row("l", "cold", summary)
 
 
 def test_a_failed_run_is_a_row(monkeypatch):
