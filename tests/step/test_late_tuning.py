@@ -191,7 +191,7 @@ def test_a_graphed_step_trains_untuned_then_tunes_and_is_captured_again(caplog):
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(40, 7),
         ).to(dev, memory_format=torch.channels_last)  # fmt: skip
         schedule = build_schedule(OptimConfig(warmup_epochs=0), 16, 20, 2)
-        options = {"options": {"coordinate_descent_tuning": True, "force_disable_caches": True}}
+        options = {"options": {"coordinate_descent_tuning": True, "autotune_local_cache": False}}
         return model, build_step(
             model=model,
             optimizer=build_optimizer(model, OptimConfig(), schedule.lr_at(0)),
