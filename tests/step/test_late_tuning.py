@@ -83,6 +83,41 @@ def test_allowing_the_tuning_makes_a_kernels_next_call_ask_again(kernel):
     assert kernel._cached_launcher is None
 
 
+def test_inductors_run_launches_the_starting_kernel_until_the_tuning_then_the_tuned_one(
+    kernel, monkeypatch
+):
+    """Inductor's own ``CachingAutotuner.run``, this torch's (2.12 and later keep the first
+    call's launcher and launch it without asking again), with its tuning through ``put_off``
+    and a stand-in for coordinate descent: the starting kernel while the tuning is put off,
+    the tuned one from the first call after it is allowed."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    launches = []
+
+    def launcher(name, config):
+        def launch(*args, stream):
+            launches.append(name)
+
+        launch.config, launch.cache_hash, launch.store_cubin = config, name, False
+        return launch
+
+    def tune(self, start, *args, **kwargs):
+        config = copy.deepcopy(start.config)
+        config.found_by_coordesc = True
+        return launcher("tuned", config)
+
+    monkeypatch.setattr(CachingAutotuner, "coordinate_descent_tuning", lt.put_off(tune))
+    kernel.launchers = [launcher("start", kernel.configs[0])]
+    lt.defer(True)
+    for _ in range(3):
+        kernel.run(1, 2, stream=0)
+    lt.defer(False)
+    for _ in range(2):
+        kernel.run(1, 2, stream=0)
+    assert launches == ["start"] * 3 + ["tuned"] * 2
+    assert lt.waiting() == 0
+
+
 def test_install_routes_inductors_tuning_through_it_once(kernel, monkeypatch):
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
