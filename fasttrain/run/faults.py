@@ -65,11 +65,15 @@ class StopRequest:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
+        """Give the signals back to their previous handlers, unless a stop was requested: the
+        process is then on its way out, and a second signal while it closes must still end it
+        at once with 128 + its number, not by the signal's default action."""
+        if self.requested:  # answered: the exit is bounded by the caller's watchdog, if any
+            watchdog.disarm()
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-        if self.requested:  # answered: the exit is bounded by the caller's watchdog, if any
-            watchdog.disarm()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:

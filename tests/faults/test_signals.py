@@ -273,3 +273,23 @@ def test_an_unexpected_failure_exits_in_bounded_time_with_its_traceback(
         f"{out / 'log-rank0.txt'}"
     )
     assert "injected fault" in (out / "log-rank0.txt").read_text()
+
+
+CLOSING = """
+import os, signal, time
+from fasttrain.run import faults
+stop = faults.StopRequest()
+stop.install()
+os.kill(os.getpid(), signal.SIGINT)  # the first: a stop is requested
+time.sleep(faults.REPEAT_WINDOW_S + 0.2)
+stop.uninstall()  # the run closes: the checkpoint is written, the loaders stop
+os.kill(os.getpid(), signal.SIGINT)  # a second signal while it closes
+time.sleep(5)
+"""
+
+
+def test_a_second_signal_while_the_run_closes_still_exits_at_once():
+    """Once a stop was requested, the run's close keeps the handler: the second signal ends the
+    process with 128 + its number, as during the step, not by the signal's default action."""
+    done = subprocess.run([sys.executable, "-c", CLOSING], capture_output=True, text=True)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr[-2000:]
