@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from fasttrain.config import Config
-from fasttrain.step.parallel_tuning import candidates_compiling, will_tune
+from fasttrain.step.parallel_tuning import candidates_compiling, hold, release, will_tune
 
 log = logging.getLogger("fasttrain")
 
@@ -110,14 +110,18 @@ class LateTuning:
     def __init__(self) -> None:
         install()
         defer(True)
+        hold()  # the candidates wait for the first step: its own kernels compile first
         self.step: int | None = None  # the step that tuned, counted from 1
         self.kernels = 0
         self.seconds = 0.0
 
     def due(self) -> bool:
         """Whether the next step should tune: kernels wait for it and the compile workers have
-        no candidate left to compile (without workers: at once)."""
+        no candidate left to compile (without workers: at once). Asked after the first step,
+        it first sends the candidates held back until then."""
         if not (_deferring and _waiting):  # the usual answer, at every step: no work
+            return False
+        if release():  # the first step is done: the workers compile the candidates now
             return False
         return candidates_compiling() == 0 and waiting() > 0
 
@@ -149,6 +153,7 @@ class LateTuning:
         the run summary's record: the step that tuned, or none and the kernels left untuned."""
         left = waiting() if self.step is None else 0
         defer(False)
+        hold(False)
         if self.step is not None:
             return {"step": self.step, "kernels": self.kernels, "seconds": round(self.seconds, 3)}
         if left:

@@ -51,6 +51,7 @@ _kernels: weakref.WeakKeyDictionary[Any, _Kernel] = weakref.WeakKeyDictionary()
 _in_flight: dict[int, Future] = {}  # by order sent: the pool runs them first come, first served
 _order = itertools.count()
 _sent = 0
+_held: list[tuple[_Kernel, Any, Any]] | None = None  # (kernel, key, config) while held back
 
 
 def candidates_sent() -> int:
@@ -59,10 +60,28 @@ def candidates_sent() -> int:
 
 
 def candidates_compiling() -> int:
-    """How many candidates sent to the compile workers are not compiled yet."""
+    """How many candidates sent to the compile workers, or held back, are not compiled yet."""
     for done in [k for k, f in _in_flight.items() if f.done()]:
         del _in_flight[done]
-    return len(_in_flight)
+    return len(_in_flight) + len(_held or ())
+
+
+def hold(on: bool = True) -> None:
+    """Keep the candidates from the compile workers until ``release``, so that the step's own
+    kernels, which the first step waits for, are not queued behind them (True); or send the
+    next ones at once again, and those held never (False: the tuner compiles its own)."""
+    global _held
+    _held = (_held or []) if on else None
+
+
+def release() -> int:
+    """Send the candidates held back since ``hold`` to the compile workers, and send the
+    next ones at once again; returns how many were sent."""
+    global _held
+    held, _held = _held or [], None
+    for kernel, key, config in held:
+        _submit(kernel, key, config)
+    return len(held)
 
 
 def compile_tuning_candidates_ahead() -> bool:
@@ -187,11 +206,10 @@ def send(kernel: Any) -> int:
 
 def send_near(tuner: Any, starts: Iterable[Any]) -> int:
     """Queue the candidates near ``starts`` of a kernel ``send`` has seen, those not sent
-    already, on the compile workers; returns how many."""
-    from torch._inductor.async_compile import AsyncCompile
+    already, on the compile workers (or held back for them, after ``hold``); returns how
+    many."""
     from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
 
-    global _sent
     kernel = _kernels.get(tuner)
     if kernel is None:
         return 0
@@ -200,15 +218,28 @@ def send_near(tuner: Any, starts: Iterable[Any]) -> int:
         kernel.sent.setdefault(triton_config_to_hashable(start), (-1, None))
     configs = {triton_config_to_hashable(c): c for c in candidates(tuner, starts)}
     configs = {k: c for k, c in configs.items() if k not in kernel.sent}
-    pool = AsyncCompile.process_pool()
     for key, config in configs.items():
-        future = pool.submit(compile_candidate, kernel.name, kernel.source, config, kernel.env)
-        order = next(_order)
-        kernel.sent[key] = (order, future)
-        if isinstance(future, Future):
-            _in_flight[order] = future
-    _sent += len(configs)
+        if _held is not None:
+            kernel.sent[key] = (-1, None)  # the tuner compiles it itself if it comes first
+            _held.append((kernel, key, config))
+        else:
+            _submit(kernel, key, config)
     return len(configs)
+
+
+def _submit(kernel: _Kernel, key: Any, config: Any) -> None:
+    """One candidate to the compile workers, in the order sent."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    global _sent
+    future = AsyncCompile.process_pool().submit(
+        compile_candidate, kernel.name, kernel.source, config, kernel.env
+    )
+    order = next(_order)
+    kernel.sent[key] = (order, future)
+    if isinstance(future, Future):
+        _in_flight[order] = future
+    _sent += 1
 
 
 def wait_for(tuner: Any, config: Any) -> bool:

@@ -30,6 +30,7 @@ def _fresh(monkeypatch):
     monkeypatch.setattr(CachingAutotuner, "coordinate_descent_tuning", original)
     monkeypatch.setattr(lt, "_waiting", type(lt._waiting)())
     monkeypatch.setattr(pt, "_in_flight", {})
+    monkeypatch.setattr(pt, "_held", None)
     yield
     lt.defer(False)
 
@@ -157,9 +158,12 @@ def test_the_tuning_is_due_once_the_workers_have_compiled_the_candidates(
     late = lt.LateTuning()
     assert not late.due()  # nothing put off yet
     launched(kernel, kernel.configs[0])
-    pt.send(kernel)  # at the kernel's load: its candidates go to the workers
+    held = pt.send(kernel)  # at the kernel's load: its candidates wait for the first step
     kernel.coordinate_descent_tuning(kernel.launchers[0])  # its first call: put off
-    assert futures and lt.waiting() == 1
+    assert held and not futures and lt.waiting() == 1
+    assert pt.candidates_compiling() == held  # held back, so not compiled yet
+    assert not late.due()  # asked after the first step: the candidates go to the workers
+    assert len(futures) == held and pt.candidates_sent() >= held
     assert not late.due()  # the workers are compiling
     for f in futures[:-1]:
         f.set_result(True)

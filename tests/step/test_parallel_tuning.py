@@ -182,6 +182,31 @@ def test_kernels_that_will_not_be_tuned_send_nothing(kernel, pool):
     assert pool.tasks == []
 
 
+def test_candidates_held_back_go_to_the_workers_in_order_when_released(kernel, pool, monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable as key
+
+    monkeypatch.setattr(pt, "_held", None)
+    monkeypatch.setattr(pt, "_in_flight", {})
+    start = kernel.configs[0]
+    pt.hold()
+    n = pt.send(launched(kernel, start))
+    assert n > 0 and pool.tasks == [] and pt.candidates_compiling() == n
+    # a candidate held is not under way: the tuner, coming first, compiles it itself
+    assert not pt.wait_for(kernel.coordesc_tuner, pt.candidates(kernel.coordesc_tuner, [start])[0])
+    assert pt.release() == n and pt.release() == 0
+    want = [key(c) for c in pt.candidates(kernel.coordesc_tuner, [start])]
+    assert [key(args[2]) for _, args in pool.tasks] == want
+    assert pt.send(kernel) == 0  # sent once, held or not
+
+
+def test_candidates_held_back_are_dropped_when_holding_stops(kernel, pool, monkeypatch):
+    monkeypatch.setattr(pt, "_held", None)
+    pt.hold()
+    assert pt.send(launched(kernel, kernel.configs[0])) > 0
+    pt.hold(False)
+    assert pt.candidates_compiling() == 0 and pt.release() == 0 and pool.tasks == []
+
+
 class Futures:
     """A pool whose tasks stay under way until the test finishes them."""
 
