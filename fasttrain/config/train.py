@@ -82,15 +82,16 @@ class TrainConfig:
         nullable=True,
     )
     tune_kernels: str = option(
-        "first-step",
+        "auto",
         "--tune-kernels",
         "when inductor's coordinate-descent tuning (--compile-mode auto on a GPU) runs where its "
         "cache has no result: first-step (each kernel at its first call: the first start's "
-        "first step waits for all of it) or later (training starts on the untuned kernels, "
+        "first step waits for all of it), later (training starts on the untuned kernels, "
         "which --compile-mode default runs, while inductor's compile workers compile the "
         "tuning's candidates; once they have, one step tunes every kernel and the CUDA graphs "
-        "are captured again). later: one process only",
-        choices=("first-step", "later"),
+        "are captured again; one process only), or auto: later where one process trains, "
+        "first-step where several do",
+        choices=("auto", "first-step", "later"),
     )
     compile_cache: str | None = option(
         None,

@@ -76,7 +76,10 @@ def precompile(cfg: Config, job: DistState, startup: Startup) -> dict[str, Any]:
     t = cfg.train
     check(cfg, job)
     if t.tune_kernels == "later":  # a run with it finds them tuned and puts nothing off
-        log.info("compile: --tune-kernels later: this command tunes every kernel now, its job")
+        log.info(
+            "compile: this command tunes every kernel now (--tune-kernels later, which the "
+            "job would run, tunes after its first step), so that the job finds them tuned"
+        )
     solo = DistState(0, 0, 1, job.device, 1)  # this process: it runs the steps
     where = configure_compile_caches(cfg, job.world_size)
     cache_key = key(cfg, job.world_size)  # as the job keys it: before --batch-size auto's trials

@@ -106,7 +106,9 @@ def resolve(
     _resolve_parallel(cfg, dist, gpus)
     kernels = _resolve_kernels(cfg)  # after the loader and the strategy, which decide auto
     cfg.parsed = Parsed(kernels, inductor, resolution, batch_sizes, bn_path)
-    if t.tune_kernels == "later" and dist.world_size > 1 and tunes_kernels(cfg):
+    if t.tune_kernels == "auto":  # several processes would each switch at a step of their own
+        t.tune_kernels = "later" if dist.world_size == 1 else "first-step"
+    elif t.tune_kernels == "later" and dist.world_size > 1 and tunes_kernels(cfg):
         raise UserError(
             f"--tune-kernels later: one process only ({dist.world_size} here, each of which "
             "would tune at a step of its own); leave it out, so that the job tunes at its first "

@@ -70,13 +70,20 @@ def set_up(
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
     tunes = cfg.typed.inductor.get("coordinate_descent_tuning")
     if t.compile and dist.is_main and ("autotune" in t.compile_mode or tunes):
+        when = (
+            "trains on inductor's untuned kernels, then benchmarks their choices in one step "
+            "(about a minute for ResNet-50; --tune-kernels later)"
+            if t.tune_kernels == "later" and tunes
+            else "benchmarks inductor's kernel choices before its first step (minutes for "
+            "ResNet-50)"
+        )
         log.info(
-            "--compile-mode %s, --inductor-options %s: the first start benchmarks inductor's "
-            "kernel choices (minutes for ResNet-50); later starts reuse inductor's cache. "
-            "--compile-mode default --inductor-options none compiles in about a minute, a few "
-            "percent slower per step",
+            "--compile-mode %s, --inductor-options %s: the first start %s; later starts reuse "
+            "inductor's cache. --compile-mode default --inductor-options none compiles in about "
+            "a minute and tunes nothing, a few percent slower per step",
             t.compile_mode,
             t.inductor_options,
+            when,
         )
     step = 0
     if cfg.model.weights is not None and not resumed:

@@ -134,4 +134,8 @@ def test_tuning_later_is_read_where_kernels_are_tuned_and_refused_for_several_pr
     assert cfg.train.tune_kernels == "later" and not any("--tune-kernels" in n for n in notes)
     with pytest.raises(UserError, match=r"^--tune-kernels later: one process only \(2 here"):
         resolved(["--data", "/d", "--compile", "--tune-kernels", "later"], world=2)
-    resolved(["--data", "/d", "--compile"], world=2)  # the default: tuned at the first step
+    # the default: later for one process, at the first step for several
+    assert resolved(["--data", "/d", "--compile"]).train.tune_kernels == "later"
+    assert resolved(["--data", "/d", "--compile"], world=2).train.tune_kernels == "first-step"
+    given = ["--data", "/d", "--compile", "--tune-kernels", "first-step"]
+    assert resolved(given).train.tune_kernels == "first-step"
