@@ -347,8 +347,9 @@ class Trainer:
         """After the loop (``ended``), or a fault: the loaders' workers, the last interval (if it
         has landed), the profile (every rank's after the loop, this rank's after a fault)."""
         self.stop.uninstall()
-        if self.late is not None:
-            self.summary["late_tuning"] = self.late.close()
+        late = self.late.close() if self.late is not None else None
+        if late is not None:  # kernels were put off: when they tuned, or how many wait
+            self.summary["late_tuning"] = late
         self.built.data.close()
         try:
             self.metrics.settle(only_if_landed=True)

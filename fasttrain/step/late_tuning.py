@@ -148,14 +148,17 @@ class LateTuning:
         self.seconds = time.perf_counter() - began
         log.info("step %d, which tuned the step's kernels, took %.1f s", self.step, self.seconds)
 
-    def close(self) -> dict[str, Any]:
+    def close(self) -> dict[str, Any] | None:
         """Stop putting tuning off (whatever compiles after the run tunes as usual); returns
-        the run summary's record: the step that tuned, or none and the kernels left untuned."""
+        the run summary's record: the step that tuned, or none and the kernels left untuned;
+        None where no kernel was put off (a warm start: inductor's cache had every result)."""
         left = waiting() if self.step is None else 0
         defer(False)
         hold(False)
         if self.step is not None:
             return {"step": self.step, "kernels": self.kernels, "seconds": round(self.seconds, 3)}
+        if not left:
+            return None
         if left:
             log.info(
                 "--tune-kernels later: the run ended before its kernels were tuned (%d wait); "

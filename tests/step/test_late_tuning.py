@@ -188,6 +188,10 @@ def test_without_compile_workers_the_tuning_is_due_at_once(kernel):
     assert late.due()
 
 
+def test_a_start_that_put_nothing_off_has_no_record():
+    assert lt.LateTuning().close() is None  # a warm start: every kernel tuned from the cache
+
+
 def test_a_run_that_ends_before_the_tuning_says_how_many_kernels_wait(kernel, caplog):
     late = lt.LateTuning()
     kernel.coordinate_descent_tuning(launched(kernel, kernel.configs[0]).launchers[0])
