@@ -54,9 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fasttrain.pycache import keep_bytecode
 
     keep_bytecode(os.environ)  # before torch is imported: its bytecode, not its source, each start
-    from fasttrain.readahead import start_read_ahead
-
-    start_read_ahead(os.environ)  # after keep_bytecode's processes: the first step's libraries
     from fasttrain.dist.devices import one_gpu_per_rank
     from fasttrain.dist.state import claim_hardware_queues
 
