@@ -20,10 +20,11 @@ from fasttrain.metrics.profiling import configure
 from fasttrain.metrics.startup import Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
-from fasttrain.run.build import Built, build
+from fasttrain.run.build import Built, amp_dtype, build
 from fasttrain.run.compile_cache import Artifacts, configure_compile_caches
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import load_weights, read_state_dict
+from fasttrain.step.conv_warmup import start_conv_warmup
 from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
@@ -103,6 +104,10 @@ def set_up(
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")
     log_setup(cfg, dist, built, step)
+    if t.compile:  # cuDNN's convolutions run on a thread while the step compiles
+        size = cfg.typed.resolution.size_at(built.plan.locate(step)[0])
+        shape = (built.loader_batch, 3, size, size)
+        start_conv_warmup(built.training.model, amp_dtype(cfg), shape, os.environ)
     startup.mark("weights, resume and the run directory")
     return built, step, artifacts
 

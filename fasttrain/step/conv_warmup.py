@@ -1,0 +1,258 @@
+"""cuDNN's convolutions run once ahead of the first step, on a thread, while the step compiles.
+
+With ``cudnn.benchmark`` the first call of each convolution shape times cuDNN's candidate
+algorithms, and on a machine that has not run them before the CUDA driver first compiles some
+of those candidates' kernels from PTX for its GPU (its JIT; the results are kept per machine, in
+``~/.nv/ComputeCache`` or ``$CUDA_CACHE_PATH``). For ResNet-50 that is seconds of a fresh
+machine's first step (BENCHMARKS.md, start-up), spent one convolution at a time inside the
+step, after the compile.
+
+The shapes are known before the compile starts: a forward of the model on fake tensors
+(``FakeTensorMode``: no memory, no kernels, nothing of the model changed) records each
+convolution, torch's and fasttrain's fused ``conv_bn``. A thread then runs each one's forward
+(torch's) and backward (``convolution_backward``, as the compiled backward calls it) once on
+random data of those shapes and layouts, on a stream of its own, while the main thread compiles:
+from dynamo's start of a compile to its end, which waits for the thread, so that the compiled
+step's own kernels, and inductor's timing of them, never share the GPU with it; a start that
+compiles nothing (all of it cached) runs none. The first step then finds the kernels compiled
+and, where its calls match, cuDNN's choices made (torch keeps them per process). Training
+computes nothing differently: cuDNN benchmarks the same candidates, earlier. Anything that fails
+here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("fasttrain")
+WAIT_FOR_COMPILE_S = 120.0  # from the thread's start to the step's compile: the setup's rest
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A tensor's shape, strides (its layout) and dtype."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, t: torch.Tensor, dtype: torch.dtype | None = None) -> Spec:
+        return cls(tuple(t.shape), tuple(t.stride()), dtype or t.dtype)
+
+    def random(self, device: torch.device) -> torch.Tensor:
+        return torch.empty_strided(
+            self.shape, self.stride, dtype=self.dtype, device=device
+        ).normal_()
+
+
+@dataclass(frozen=True)
+class Conv:
+    """One convolution of the forward, with what its backward computes."""
+
+    x: Spec
+    weight: Spec
+    y: Spec
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    input_grad: bool
+    bias: bool
+    fused: bool  # fasttrain's conv_bn: its forward is fasttrain's cuDNN graph, not torch's
+
+    def run(self, device: torch.device) -> None:
+        """This convolution's forward (torch's) and backward on random data."""
+        x, w = self.x.random(device), self.weight.random(device)
+        common = (self.stride, self.padding, self.dilation, False, [0] * len(self.stride))
+        if not self.fused:
+            b = (
+                torch.zeros(self.weight.shape[0], dtype=w.dtype, device=device)
+                if self.bias
+                else None
+            )
+            torch.ops.aten.convolution.default(x, w, b, *common, self.groups)
+        g = self.y.random(device)
+        bias_sizes = [self.weight.shape[0]] if self.bias else None
+        mask = [self.input_grad, True, self.bias]
+        torch.ops.aten.convolution_backward.default(g, x, w, bias_sizes, *common, self.groups, mask)
+
+
+class Recorder(TorchDispatchMode):
+    """Records every convolution it sees, in order, once per distinct call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs: list[Conv] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        conv = None
+        if func is torch.ops.aten.convolution.default and not args[6]:  # not transposed
+            x, w, bias, stride, padding, dilation, _, _, groups = args
+            conv = Conv(
+                Spec.of(x), Spec.of(w), Spec.of(out), tuple(stride), tuple(padding),
+                tuple(dilation), groups, x.requires_grad, bias is not None, fused=False,
+            )  # fmt: skip
+        elif func is _conv_bn():
+            x, w, scale, _, stride, padding = args
+            conv = Conv(
+                Spec.of(x), Spec.of(w, x.dtype), Spec.of(out[0]), (stride, stride),
+                (padding, padding), (1, 1), 1, x.requires_grad or scale is not None, False,
+                fused=True,
+            )  # fmt: skip
+        if conv is not None and conv not in self.convs:
+            self.convs.append(conv)
+        return out
+
+
+def _conv_bn():
+    """fasttrain's fused conv_bn op (imported here: its module needs torch's library)."""
+    from fasttrain.model.ops import conv_bn  # noqa: F401  (registers the op)
+
+    return torch.ops.fasttrain.conv_bn.default
+
+
+def record(
+    model: nn.Module, amp_dtype: torch.dtype | None, example: Spec, device: torch.device
+) -> list[Conv]:
+    """The distinct convolutions ``model``'s forward (autocast to ``amp_dtype``, as the step
+    runs it) makes of an input like ``example``: a forward of a fake copy of the model on fake
+    tensors, which changes nothing of ``model`` (not even a BN's count of batches)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    recorder = Recorder()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        # the module copied, each of its tensors a fake of it: no memory, and whatever the
+        # forward updates in place (a BN's statistics) is the fake's
+        memo = {id(t): mode.from_tensor(t) for t in (*model.parameters(), *model.buffers())}
+        fake = copy.deepcopy(model, memo)
+        images = torch.empty_strided(
+            example.shape, example.stride, dtype=example.dtype, device=device
+        )
+        with (
+            recorder,
+            torch.autocast(
+                device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
+            ),
+        ):
+            fake(images)
+    return recorder.convs
+
+
+class ConvWarmup:
+    """The thread (module notes); ``wait`` joins it, and dynamo's end of compile calls that."""
+
+    def __init__(
+        self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec, device: torch.device
+    ):
+        self.device = device
+        self.convs: list[Conv] = []
+        self.seconds: float | None = None
+        self.failed: str | None = None
+        self.logged = False
+        self.compiling = threading.Event()  # dynamo's start of a compile sets it
+        self.thread = threading.Thread(
+            target=self._run,
+            args=(model, amp_dtype, example),
+            name="fasttrain-conv-warmup",
+            daemon=True,
+        )
+
+    def _run(self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.convs = record(model, amp_dtype, example, self.device)
+            if not self.compiling.wait(WAIT_FOR_COMPILE_S):
+                self.failed = "no compile started"  # a start with nothing to compile
+                return
+            cuda = self.device.type == "cuda"
+            stream = torch.cuda.Stream(self.device) if cuda else None
+            with torch.cuda.stream(stream), torch.no_grad():
+                for conv in self.convs:
+                    conv.run(self.device)
+            if cuda:
+                stream.synchronize()
+                torch.cuda.empty_cache()  # the blocks it used belong to its stream: give them back
+        except Exception as e:  # an optimization only: the first step does the work instead
+            self.failed = f"{type(e).__name__}: {e}"
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def start(self) -> ConvWarmup:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self._compiling)
+        callback_handler.register_end_callback(self._compiled)
+        self.thread.start()
+        return self
+
+    def _compiling(self, args: object) -> None:
+        """Dynamo's start of a compile: the convolutions may run until its end."""
+        from torch._dynamo.callback import callback_handler
+
+        self.compiling.set()
+        callback_handler.remove_start_callback(self._compiling)
+
+    def _compiled(self, args: object) -> None:
+        """Dynamo's end of a compile: the compiled code runs next."""
+        from torch._dynamo.callback import callback_handler
+
+        self.wait()
+        callback_handler.remove_end_callback(self._compiled)
+
+    def wait(self, timeout: float = 300.0) -> None:
+        """Until the thread is done (at most ``timeout`` seconds); logs what it did, once."""
+        if self.thread.ident is None:
+            return  # never started
+        self.thread.join(timeout)
+        if self.seconds is not None and not self.logged:
+            self.logged = True
+            if self.failed:
+                log.debug("cuDNN's convolutions ahead of the first step: skipped (%s)", self.failed)
+            else:
+                log.debug(
+                    "cuDNN's convolutions ahead of the first step: %d in %.1f s",
+                    len(self.convs),
+                    self.seconds,
+                )
+
+
+def start_conv_warmup(
+    model: nn.Module,
+    amp_dtype: torch.dtype | None,
+    batch_shape: tuple[int, int, int, int],
+    env: Mapping[str, str],
+) -> ConvWarmup | None:
+    """Start the thread where it helps: a CUDA model, ``cudnn.benchmark`` on, a compiled step
+    (the caller's to say), not turned off. None otherwise."""
+    param = next(model.parameters())
+    if (
+        env.get("FASTTRAIN_CONV_WARMUP", "1") == "0"
+        or param.device.type != "cuda"
+        or not torch.backends.cudnn.benchmark
+    ):
+        return None
+    try:
+        from torch._dynamo.callback import callback_handler  # noqa: F401
+    except ImportError:  # no end-of-compile callback to wait in: the thread could overlap
+        return None
+    channels_last = any(
+        p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
+        and not p.is_contiguous()
+        for p in model.parameters()
+    )  # fmt: skip
+    layout = torch.empty(batch_shape, device="meta")
+    if channels_last:
+        layout = layout.contiguous(memory_format=torch.channels_last)
+    example = Spec(tuple(batch_shape), tuple(layout.stride()), amp_dtype or param.dtype)
+    return ConvWarmup(model, amp_dtype, example, param.device).start()
