@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("fasttrain")
+NOTHING_COMPILED = "no compile started"
 WAIT_FOR_COMPILE_S = 120.0  # from the thread's start to the step's compile: the setup's rest
 
 
@@ -173,7 +174,7 @@ class ConvWarmup:
         try:
             self.convs = record(model, amp_dtype, example, self.device)
             if not self.compiling.wait(WAIT_FOR_COMPILE_S):
-                self.failed = "no compile started"  # a start with nothing to compile
+                self.failed = NOTHING_COMPILED
                 return
             cuda = self.device.type == "cuda"
             stream = torch.cuda.Stream(self.device) if cuda else None
@@ -217,11 +218,14 @@ class ConvWarmup:
         self.thread.join(timeout)
         if self.seconds is not None and not self.logged:
             self.logged = True
-            if self.failed:
-                log.debug("cuDNN's convolutions ahead of the first step: skipped (%s)", self.failed)
+            if self.failed:  # nothing compiled (a warm start), or a failure: the step does it
+                level = logging.DEBUG if self.failed == NOTHING_COMPILED else logging.INFO
+                log.log(level, "cuDNN's convolutions ahead of the first step: not run (%s)",
+                        self.failed)  # fmt: skip
             else:
-                log.debug(
-                    "cuDNN's convolutions ahead of the first step: %d in %.1f s",
+                log.info(
+                    "cuDNN's convolutions ahead of the first step: %d ran in %.1f s, while the "
+                    "step compiled",
                     len(self.convs),
                     self.seconds,
                 )
