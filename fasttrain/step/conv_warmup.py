@@ -35,7 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("fasttrain")
 NOTHING_COMPILED = "no compile started"
-WAIT_FOR_COMPILE_S = 120.0  # from the thread's start to the step's compile: the setup's rest
+# from the thread's start to the step's compile: the setup's rest, seconds; a start that compiles
+# nothing (dynamo's trace and inductor's code cached) has its first step by then
+WAIT_FOR_COMPILE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -172,10 +174,11 @@ class ConvWarmup:
     def _run(self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec) -> None:
         t0 = time.perf_counter()
         try:
-            self.convs = record(model, amp_dtype, example, self.device)
             if not self.compiling.wait(WAIT_FOR_COMPILE_S):
-                self.failed = NOTHING_COMPILED
+                self.failed = NOTHING_COMPILED  # a warm start: nothing of this to do
                 return
+            t0 = time.perf_counter()  # from the compile's start
+            self.convs = record(model, amp_dtype, example, self.device)
             cuda = self.device.type == "cuda"
             stream = torch.cuda.Stream(self.device) if cuda else None
             with torch.cuda.stream(stream), torch.no_grad():

@@ -81,7 +81,7 @@ def test_a_start_that_compiles_nothing_runs_no_convolution(monkeypatch):
     warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"))
     warmup.thread.start()  # no callbacks: no compile will start
     warmup.wait()
-    assert warmup.failed == "no compile started" and ran == [] and len(warmup.convs) == 11
+    assert warmup.failed == "no compile started" and ran == [] and warmup.convs == []
 
 
 def test_nothing_starts_off_the_gpu_or_when_turned_off():
