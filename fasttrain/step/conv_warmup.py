@@ -22,6 +22,7 @@ here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -181,12 +182,14 @@ class ConvWarmup:
             self.convs = record(model, amp_dtype, example, self.device)
             cuda = self.device.type == "cuda"
             stream = torch.cuda.Stream(self.device) if cuda else None
-            with torch.cuda.stream(stream), torch.no_grad():
-                for conv in self.convs:
-                    conv.run(self.device)
-            if cuda:
-                stream.synchronize()
-                torch.cuda.empty_cache()  # the blocks it used belong to its stream: give them back
+            on_device = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
+            with on_device, torch.cuda.stream(stream):
+                with torch.no_grad():
+                    for conv in self.convs:
+                        conv.run(self.device)
+                if cuda:
+                    stream.synchronize()
+                    torch.cuda.empty_cache()  # its blocks belong to its stream: give them back
         except Exception as e:  # an optimization only: the first step does the work instead
             self.failed = f"{type(e).__name__}: {e}"
         finally:
