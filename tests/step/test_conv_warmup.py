@@ -91,3 +91,22 @@ def test_nothing_starts_off_the_gpu_or_when_turned_off():
         conv_warmup.start_conv_warmup(model, None, (1, 3, 32, 32), {"FASTTRAIN_CONV_WARMUP": "0"})
         is None
     )
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_convolutions_run_while_a_compile_runs():
+    """fp16, channels_last, cudnn.benchmark on, as a compiled training start: the thread records
+    the fused model's convolutions, runs them, and is done when the compile ends; the model's
+    weights and statistics are untouched."""
+    torch.backends.cudnn.benchmark = True
+    model = FusedResNet("resnet18").cuda().to(memory_format=torch.channels_last)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    warmup = conv_warmup.start_conv_warmup(model, torch.float16, (8, 3, 64, 64), {})
+    assert warmup is not None
+    compiled = torch.compile(lambda x: x * 2)
+    compiled(torch.ones(2, device="cuda"))
+    assert not warmup.thread.is_alive() and warmup.failed is None, warmup.failed
+    assert warmup.convs and any(c.fused for c in warmup.convs)
+    assert all(c.x.dtype == torch.float16 for c in warmup.convs)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
