@@ -107,7 +107,8 @@ def set_up(
     if t.compile:  # cuDNN's convolutions run on a thread while the step compiles
         size = cfg.typed.resolution.size_at(built.plan.locate(step)[0])
         shape = (built.loader_batch, 3, size, size)
-        start_conv_warmup(built.training.model, amp_dtype(cfg), shape, os.environ)
+        model, last = built.training.model, cfg.model.channels_last
+        start_conv_warmup(model, amp_dtype(cfg), shape, last, os.environ)
     startup.mark("weights, resume and the run directory")
     return built, step, artifacts
 

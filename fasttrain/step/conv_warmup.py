@@ -97,6 +97,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.convs: list[Conv] = []
+        self.conv_bn = _conv_bn()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -107,7 +108,7 @@ class Recorder(TorchDispatchMode):
                 Spec.of(x), Spec.of(w), Spec.of(out), tuple(stride), tuple(padding),
                 tuple(dilation), groups, x.requires_grad, bias is not None, fused=False,
             )  # fmt: skip
-        elif func is _conv_bn():
+        elif func is self.conv_bn:
             x, w, scale, _, stride, padding = args
             conv = Conv(
                 Spec.of(x), Spec.of(w, x.dtype), Spec.of(out[0]), (stride, stride),
@@ -241,10 +242,12 @@ def start_conv_warmup(
     model: nn.Module,
     amp_dtype: torch.dtype | None,
     batch_shape: tuple[int, int, int, int],
+    channels_last: bool,
     env: Mapping[str, str],
 ) -> ConvWarmup | None:
     """Start the thread where it helps: a CUDA model, ``cudnn.benchmark`` on, a compiled step
-    (the caller's to say), not turned off. None otherwise."""
+    (the caller's to say), not turned off. None otherwise. ``channels_last``: the model's and
+    its input's layout (``--channels-last``)."""
     param = next(model.parameters())
     if (
         env.get("FASTTRAIN_CONV_WARMUP", "1") == "0"
@@ -256,13 +259,10 @@ def start_conv_warmup(
         from torch._dynamo.callback import callback_handler  # noqa: F401
     except ImportError:  # no end-of-compile callback to wait in: the thread could overlap
         return None
-    channels_last = any(
-        p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
-        and not p.is_contiguous()
-        for p in model.parameters()
-    )  # fmt: skip
-    layout = torch.empty(batch_shape, device="meta")
-    if channels_last:
-        layout = layout.contiguous(memory_format=torch.channels_last)
+    layout = torch.empty(
+        batch_shape,
+        device="meta",
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format,
+    )
     example = Spec(tuple(batch_shape), tuple(layout.stride()), amp_dtype or param.dtype)
     return ConvWarmup(model, amp_dtype, example, param.device).start()

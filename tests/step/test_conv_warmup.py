@@ -86,9 +86,11 @@ def test_a_start_that_compiles_nothing_runs_no_convolution(monkeypatch):
 
 def test_nothing_starts_off_the_gpu_or_when_turned_off():
     model = torchvision.models.resnet18()
-    assert conv_warmup.start_conv_warmup(model, None, (1, 3, 32, 32), {}) is None  # the CPU
+    assert conv_warmup.start_conv_warmup(model, None, (1, 3, 32, 32), True, {}) is None  # the CPU
     assert (
-        conv_warmup.start_conv_warmup(model, None, (1, 3, 32, 32), {"FASTTRAIN_CONV_WARMUP": "0"})
+        conv_warmup.start_conv_warmup(
+            model, None, (1, 3, 32, 32), True, {"FASTTRAIN_CONV_WARMUP": "0"}
+        )
         is None
     )
 
@@ -101,7 +103,7 @@ def test_on_the_gpu_the_convolutions_run_while_a_compile_runs():
     torch.backends.cudnn.benchmark = True
     model = FusedResNet("resnet18").cuda().to(memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    warmup = conv_warmup.start_conv_warmup(model, torch.float16, (8, 3, 64, 64), {})
+    warmup = conv_warmup.start_conv_warmup(model, torch.float16, (8, 3, 64, 64), True, {})
     assert warmup is not None
     compiled = torch.compile(lambda x: x * 2)
     compiled(torch.ones(2, device="cuda"))
