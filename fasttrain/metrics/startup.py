@@ -176,6 +176,9 @@ PHASES = (
     ("autotuning kernel choices", ("select_algorithm", "autotune_process"), None),
     ("compiling Triton kernels", ("async_compile", "/triton/compiler"), None),
     ("building and timing cuDNN plans", ("fasttrain/model/cudnn/",), None),
+    # dynamo's end of compile joins the thread that runs cuDNN's convolutions ahead
+    # (``step/conv_warmup.py``): the main thread then waits in dynamo, for the convolutions
+    ("waiting for cuDNN's convolutions run ahead", ("fasttrain/step/conv_warmup.py",), ("wait",)),
     ("capturing the CUDA graph", ("torch/cuda/graphs.py",), None),
     ("inductor: lowering and code generation", ("torch/_inductor/",), None),
     ("AOT autograd", ("torch/_functorch/",), None),

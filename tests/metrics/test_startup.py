@@ -106,6 +106,22 @@ def test_the_phase_is_the_most_specific_on_the_stack():
     assert descent["f"](here) == "tuning Triton kernels"
 
 
+def test_waiting_for_the_convolutions_ahead_is_named_not_dynamo():
+    """Dynamo's end of compile joins the thread that runs cuDNN's convolutions: that wait is
+    said as such; the thread's own run, beside a compile, is not a phase."""
+    dynamo = _in_file("/site/torch/_dynamo/callback.py", "def end(f): return f()")
+    warmup = _in_file(
+        "/site/fasttrain/step/conv_warmup.py", "def wait(f): return f()\ndef _run(f): return f()"
+    )
+
+    def here() -> str:
+        return phase_of(sys._getframe())
+
+    waiting = dynamo["end"](lambda: warmup["wait"](here))
+    assert waiting == "waiting for cuDNN's convolutions run ahead"
+    assert warmup["_run"](here) == "running the step"
+
+
 def test_the_heartbeat_says_what_the_first_step_waits_for(caplog):
     triton = _in_file(
         "/site/torch/_inductor/async_compile.py",
