@@ -8,9 +8,10 @@
   for ``cuda:0`` (``dist/devices.py``), so ranks share entries too.
 - **Dynamo's trace** (``--trace-cache``): torch's caching precompile keeps dynamo's transformed
   step and its guards in inductor's folder (``dynamo/``), so a warm start skips the trace and the
-  graphs' rebuild. It keeps no guard on objects' identity (they differ in every process) and is
-  keyed by the step's source alone, and a trace loaded and then failing its guards cannot be
-  retraced in the same process (seen on torch 2.14). So inductor's folder is one per key, which
+  graphs' rebuild. Evaluation is compiled without it (``step/inductor_setup.py`` says why). It
+  keeps no guard on objects' identity (they differ in every process) and is keyed by the step's
+  source alone, and a trace loaded and then failing its guards cannot be retraced in the same
+  process (seen on torch 2.14). So inductor's folder is one per key, which
   holds every setting that shapes the step: no trace meets other settings. Where the shapes
   change within a run (``--batch-size auto``, ``--batch-sizes``, ``--progressive-resizing``) it is
   not used, nor with several processes: DDP's graphs, split at its buckets by dynamo, fail

@@ -16,7 +16,7 @@ from torch import nn
 
 from fasttrain.dist.state import DistState
 from fasttrain.step.graphs import blame, capture, on_side_stream
-from fasttrain.step.inductor_setup import prepare_inductor
+from fasttrain.step.inductor_setup import compile_function
 
 log = logging.getLogger("fasttrain")
 
@@ -46,9 +46,13 @@ class Evaluator:
         self.batch_size = batch_size
         self.device_type = next(model.parameters()).device.type
         self.logits = self._logits
-        if compile:
-            prepare_inductor()  # `evaluate` compiles this alone, with no step before it
-            self.logits = torch.compile(self._logits, dynamic=False, **(compile_options or {}))
+        if compile:  # `evaluate` compiles this alone, with no step before it
+            # without dynamo's saved trace: evaluation's, saved after training steps, failed
+            # to load at the next start on the GPU (compile_function); it is traced at the
+            # first evaluation, which inductor's caches still make short
+            self.logits = compile_function(
+                self._logits, compile_options, what="evaluation", keep_trace=False
+            )
         self.cuda_graphs = cuda_graphs and self.device_type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_in: torch.Tensor | None = None

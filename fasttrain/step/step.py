@@ -28,7 +28,7 @@ from fasttrain.metrics.profiling import span
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
 from fasttrain.step.graphs import blame, capture, on_side_stream
-from fasttrain.step.inductor_setup import prepare_inductor
+from fasttrain.step.inductor_setup import compile_function
 from fasttrain.step.mix import Mixer
 from fasttrain.step.optim import InPlaceGradients, Schedule, set_lr
 
@@ -187,9 +187,10 @@ class CompiledStep(EagerStep):
     def __init__(self, *args, compile_options: dict[str, Any] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.description = "compiled"
-        prepare_inductor()
         # dynamic=False: the train loader's shapes never change, so never trace a dynamic graph
-        self.forward = torch.compile(self._forward, dynamic=False, **(compile_options or {}))
+        self.forward = compile_function(
+            self._forward, compile_options, what="the training step", keep_trace=True
+        )
 
 
 class GraphedStep:

@@ -101,6 +101,21 @@ def test_a_resume_on_a_new_machine_starts_warm_from_the_runs_artifacts(
         assert warm(folder) == (True, 0, 0), folder
 
 
+@pytest.mark.slow
+def test_a_warm_start_with_evaluation_loads_the_step_s_trace_and_evaluates(tiny_data, tmp_path):
+    """Evaluation is compiled without dynamo's saved trace (step/inductor_setup.py): a warm
+    start loads the step's trace alone, and its evaluation traces afresh."""
+    flags = ["--data", tiny_data, *FAST, "--compile", "--eval-every", "1", "--log-every", "1",
+             "--max-steps", "2", "--compile-cache", tmp_path / "cache"]  # fmt: skip
+    fasttrain(*flags, "--output-dir", tmp_path / "cold")
+    fasttrain(*flags, "--output-dir", tmp_path / "warm")
+    log = (tmp_path / "warm" / "log-rank0.txt").read_text()
+    line = [x for x in log.splitlines() if "start-up" in x][-1]
+    assert "dynamo's trace loaded from the cache (1)" in line, line
+    summary = json.loads((tmp_path / "warm" / "summary.json").read_text())
+    assert summary["val"]["images"] > 0 and "could not be loaded" not in log
+
+
 def test_the_key_changes_with_what_shapes_the_compiled_step():
     """Another batch, model, precision, compile mode or world size is another compiled step: a
     file of its own, so a changed run misses cleanly; what the step does not see (the LR, the

@@ -58,3 +58,41 @@ def test_a_compiled_evaluator_and_a_compiled_step_set_inductor_up(calls, monkeyp
         compile=True,
     )
     assert len(calls) == 6
+
+
+@pytest.fixture
+def compiles(monkeypatch, calls):
+    """torch.compile recorded: each call's caching precompile setting (dynamo's saved trace)."""
+    import torch._dynamo.config as dynamo_config
+
+    seen = []
+
+    def fake_compile(fn, **kwargs):
+        seen.append(dynamo_config.caching_precompile)
+        if dynamo_config.caching_precompile and fake_compile.fails:
+            raise TypeError("assigned grad expected to be a Tensor or None")
+        return fn
+
+    fake_compile.fails = False
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(dynamo_config, "caching_precompile", True)
+    return seen, fake_compile
+
+
+def test_evaluation_compiles_without_dynamo_s_saved_trace(compiles):
+    seen, _ = compiles
+    evaluate.Evaluator(nn.Linear(4, 2), None, True, 8)
+    assert seen == [False]
+
+
+def test_a_saved_trace_that_fails_to_load_is_traced_afresh(compiles, caplog):
+    seen, fake_compile = compiles
+    fn = inductor_setup.compile_function(len, None, what="the step", keep_trace=True)
+    assert fn is len and seen == [True]  # loaded, or traced and saved: torch's to decide
+    fake_compile.fails = True
+    with caplog.at_level("WARNING", logger="fasttrain"):
+        fn = inductor_setup.compile_function(len, None, what="the step", keep_trace=True)
+    assert fn is len and seen == [True, True, False]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("dynamo's saved trace of the step could not be loaded (TypeError: ")
+    assert line.endswith("; tracing it afresh")
