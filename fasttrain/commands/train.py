@@ -39,7 +39,8 @@ def main(argv: Sequence[str], t_start: float) -> int:
                 for note in notes:
                     say(note)
             if cfg.data.path is None and cfg.data.loader != "synthetic":
-                startup = Startup(use_sample_set(cfg, dist))  # counted from the set being ready
+                startup.mark("settings and cuDNN's probe")  # the run folder and the notes
+                startup.leave_out(use_sample_set(cfg, dist))  # a one-off build
             if cfg.run.test_only:
                 from fasttrain.run.evaluate_only import evaluate_only
 
@@ -59,7 +60,7 @@ def main(argv: Sequence[str], t_start: float) -> int:
 
 def use_sample_set(cfg: Config, dist: DistState) -> float:
     """Build the built-in sample set (once, on the main process) and train on it; returns the
-    time start-up is counted from: a one-off build is not part of it."""
+    seconds it took, which start-up leaves out: a one-off build is not part of it."""
     from fasttrain.data.sample import build_sample
 
     t_build = time.perf_counter()
@@ -67,6 +68,7 @@ def use_sample_set(cfg: Config, dist: DistState) -> float:
         build_sample(cache_dir(), log=say, bar=True)
     dist.barrier()
     cfg.data.path = str(build_sample(cache_dir(), log=lambda m: None))
-    if time.perf_counter() - t_build > 1 and dist.is_main:
-        say(f"sample dataset ready after {time.perf_counter() - t_build:.0f} s")
-    return time.perf_counter()
+    seconds = time.perf_counter() - t_build
+    if seconds > 1 and dist.is_main:
+        say(f"sample dataset ready after {seconds:.0f} s")
+    return seconds

@@ -112,6 +112,12 @@ class Startup:
         self.parts[name] = self.parts.get(name, 0.0) + now - self.last
         self.last = now
 
+    def leave_out(self, seconds: float) -> None:
+        """The ``seconds`` just spent belong to no part and not to the total: a one-off that a
+        later start does not repeat (the built-in sample set's build)."""
+        self.t_start += seconds
+        self.last += seconds
+
     def fx_graph_cache(self) -> dict[str, int]:
         """Inductor's FX graph cache's hits and misses since this start: a start that found
         everything compiled has no miss."""

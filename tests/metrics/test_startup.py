@@ -11,6 +11,55 @@ import pytest
 
 from fasttrain.metrics import startup
 from fasttrain.metrics.startup import Heartbeat, Startup, compile_parts, describe, phase_of
+from tests.conftest import FAST
+
+
+def test_a_one_off_left_out_is_in_no_part_and_not_in_the_total(monkeypatch):
+    """The built-in sample set's build: the imports before it still count."""
+    monkeypatch.setattr(startup, "compile_totals", lambda: {})
+    clock = Startup(time.perf_counter())
+    time.sleep(0.05)
+    clock.mark("imports, flags and the process group")
+    t_build = time.perf_counter()
+    time.sleep(0.2)  # the build
+    clock.leave_out(time.perf_counter() - t_build)
+    time.sleep(0.03)
+    clock.mark("data: scan and loader")
+    report = clock.first_step(time.perf_counter(), {})
+    parts = report["parts_s"]
+    assert parts["imports, flags and the process group"] == pytest.approx(0.05, abs=0.02)
+    assert parts["data: scan and loader"] == pytest.approx(0.03, abs=0.02)
+    assert report["total_s"] == pytest.approx(0.08, abs=0.03)
+    assert sum(parts.values()) == pytest.approx(report["total_s"], abs=0.005)
+
+
+def test_the_demo_counts_its_imports_and_leaves_its_sample_set_s_build_out(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    """Without --data the built-in sample set is built first, once: the start-up report leaves
+    that out and still counts the imports and settings before it."""
+    import json
+
+    from fasttrain.data import sample
+
+    builds = []
+
+    def build_sample(root, spec=None, log=print, bar=False):
+        if not builds:
+            time.sleep(1.0)  # the one-off build
+        builds.append(root)
+        return tiny_data
+
+    monkeypatch.setattr(sample, "build_sample", build_sample)
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path / "cache"))
+    t0 = time.perf_counter()
+    code, err = run(*FAST, "--max-steps", "1", "--eval-every", "0", "--output-dir", tmp_path / "r")
+    wall = time.perf_counter() - t0
+    assert code == 0, err
+    report = json.loads((tmp_path / "r" / "summary.json").read_text())["startup"]
+    assert builds and report["parts_s"]["settings and cuDNN's probe"] < 1.0
+    assert report["parts_s"]["imports, flags and the process group"] > 0
+    assert report["total_s"] < wall - 1.0
 
 
 def test_compile_parts_are_each_field_less_the_one_inside_it():
