@@ -50,7 +50,8 @@ def compile_function(
             return torch.compile(fn, dynamic=False, **options)
         except Exception as e:  # the saved trace, read as torch.compile wraps fn
             log.warning(
-                "dynamo's saved trace of %s could not be loaded (%s: %s); tracing it afresh",
+                "dynamo's saved trace of %s could not be loaded (%s: %s); tracing it afresh "
+                "(--no-trace-cache skips the lookup)",
                 what,
                 type(e).__name__,
                 str(e).splitlines()[0] if str(e) else "",

@@ -95,4 +95,4 @@ def test_a_saved_trace_that_fails_to_load_is_traced_afresh(compiles, caplog):
     assert fn is len and seen == [True, True, False]
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("dynamo's saved trace of the step could not be loaded (TypeError: ")
-    assert line.endswith("; tracing it afresh")
+    assert line.endswith("; tracing it afresh (--no-trace-cache skips the lookup)")
