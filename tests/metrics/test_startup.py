@@ -57,8 +57,10 @@ def test_the_demo_counts_its_imports_and_leaves_its_sample_set_s_build_out(
     wall = time.perf_counter() - t0
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "summary.json").read_text())["startup"]
-    assert builds and report["parts_s"]["settings and cuDNN's probe"] < 1.0
-    assert report["parts_s"]["imports, flags and the process group"] > 0
+    parts = report["parts_s"]
+    assert builds and "imports, flags and the process group" in parts
+    # the settings part, where the build would have gone (under 0.5 ms it is not listed)
+    assert parts.get("settings and cuDNN's probe", 0.0) < 1.0
     assert report["total_s"] < wall - 1.0
 
 
