@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fasttrain.errors import first_line
 from fasttrain.step.parallel_tuning import compile_tuning_candidates_ahead
 from fasttrain.step.torch_fixes import (
     keep_coordinate_descent_results,
@@ -54,7 +55,7 @@ def compile_function(
                 "(--no-trace-cache skips the lookup)",
                 what,
                 type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
+                first_line(str(e)),
             )
     with dynamo_config.patch(caching_precompile=False):
         return torch.compile(fn, dynamic=False, **options)

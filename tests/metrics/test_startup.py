@@ -3,6 +3,7 @@ metrics, the report's sum, and the heartbeat that names the phase while the firs
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -38,8 +39,6 @@ def test_the_demo_counts_its_imports_and_leaves_its_sample_set_s_build_out(
 ):
     """Without --data the built-in sample set is built first, once: the start-up report leaves
     that out and still counts the imports and settings before it."""
-    import json
-
     from fasttrain.data import sample
 
     builds = []
