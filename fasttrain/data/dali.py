@@ -98,10 +98,12 @@ class _DaliLoader:
         self.fixed_buffers = place.channels_last
         self.copy_clock = CopyClock()
         self.runs = 0  # the pipeline's batches run in the current epoch
+        self.scheduled = False  # the pipeline's next batch is scheduled (by its build)
 
-    def _build(self, size: int, batch: int, checkpoint: str | None = None):
+    def _build(self, size: int, batch: int, checkpoint: str | None = None, schedule: bool = True):
         """A built pipeline cropping at ``size`` in batches of ``batch``, restored from
-        ``checkpoint`` where given."""
+        ``checkpoint`` where given; ``schedule``: its first batches start now (``_run`` takes
+        them)."""
         define, files, labels, args, kwargs = self._define
         p = self.place
         pipe = define(
@@ -122,6 +124,11 @@ class _DaliLoader:
             **({"checkpoint": checkpoint} if checkpoint is not None else {}),
         )
         pipe.build()
+        # its first batches (prefetch_queue_depth of them) start on DALI's own threads now,
+        # while the model is built and compiled, not when the first step asks for one
+        if schedule:
+            self._named_failures(pipe.schedule_run)
+            self.scheduled = True
         return pipe
 
     def runs_per_epoch(self, batch: int) -> int:
@@ -129,10 +136,17 @@ class _DaliLoader:
         return math.ceil(math.ceil(self.n / self.place.world) / batch)
 
     def _run(self):
-        """One batch from the pipeline, with DALI's failures on a bad file as one line: its
-        decoder does not name the file, its reader does (a zero-byte or unreadable file)."""
+        """One batch from the pipeline: ``pipe.run()``, where the build scheduled the first."""
+        if not self.scheduled:
+            self._named_failures(self.pipe.schedule_run)
+        self.scheduled = False
+        return self._named_failures(self.pipe.outputs)  # returns once the batch is decoded
+
+    def _named_failures(self, call: Callable[[], Any]) -> Any:
+        """``call()``, with DALI's failures on a bad file as one line: its decoder does not name
+        the file, its reader does (a zero-byte or unreadable file)."""
         try:
-            return self.pipe.run()  # returns once the batch is decoded
+            return call()
         except RuntimeError as e:
             text = str(e)
             fix = (
@@ -340,7 +354,9 @@ class DaliValLoader(_DaliLoader):
         begin, end = shard_bounds(self.n, place.rank, place.world)
         self.shard_len = end - begin
         self.size, self.batch_size = image_size, batch_size
-        self.pipe = self._build(image_size, batch_size)
+        # built at the first evaluation: not on the way to the first step, nor at all with
+        # --eval-every 0 (its buffers stay free)
+        self.pipe = None
 
     def batches_in(self, epoch: int) -> int:
         """Batches covering this rank's shard, the last padded."""
@@ -356,6 +372,8 @@ class DaliValLoader(_DaliLoader):
         return {}
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.pipe is None:
+            self.pipe = self._build(self.size, self.batch_size)
         for i in range(self.batches_in(0)):
             x, y = self._batch(0)
             first_pad = self.shard_len - i * self.batch_size  # past this rank's shard

@@ -86,6 +86,27 @@ def test_val_labels_match_their_class_folders(tiny_data):
     assert torch.equal(labels[labels >= 0], expected)  # val keeps file order; padding is -1
 
 
+def test_batches_scheduled_at_the_build_are_those_of_plain_runs(tiny_data):
+    samples = indexed(scan_folder(tiny_data).train)
+    ld = loader(samples)
+    assert ld.scheduled  # the first batches started with the build
+    ld.set_epoch(0)
+    got = [y.clone() for _, y in ld]
+    plain = loader(samples)
+    pipe = plain._build(plain.size, plain.batch_size, schedule=False)
+    expected = [torch.from_numpy(pipe.run()[1].as_array()).view(-1) for _ in got]
+    assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, expected, strict=True))
+
+
+def test_val_pipeline_is_built_at_the_first_evaluation(tiny_data):
+    ld = loader(scan_folder(tiny_data).val, train=False)
+    assert ld.pipe is None and len(ld) == 100 // 16 + 1  # nothing built on the way to a step
+    first = torch.cat([y for _, y in epoch(ld)])
+    pipe = ld.pipe
+    assert pipe is not None and torch.equal(torch.cat([y for _, y in epoch(ld)]), first)
+    assert ld.pipe is pipe  # built once
+
+
 def test_train_shards_are_disjoint_and_cover_the_set(tiny_data):
     samples = indexed(scan_folder(tiny_data).train)  # 192 files: 6 batches per rank, no tail
     seen = [torch.cat([y for _, y in epoch(loader(samples, rank=r, world=2))]) for r in range(2)]
