@@ -9,7 +9,8 @@ thing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.metrics.startup import Startup
 from fasttrain.model.build import build_configured_model
+from fasttrain.step.conv_warmup import ConvWarmup, start_conv_warmup
 from fasttrain.step.ema import ModelEma
 from fasttrain.step.erase import Eraser
 from fasttrain.step.evaluate import Evaluator
@@ -47,6 +49,8 @@ class Built:
     gpus: int
     plan: Plan  # every epoch's steps and global batch
     ema_evaluator: Evaluator | None = None  # --model-ema: the same evaluation of the average
+    # cuDNN's convolutions running ahead of the first step (``step/conv_warmup.py``)
+    conv_warmup: ConvWarmup | None = None
 
     @property
     def global_batch(self) -> int:
@@ -99,16 +103,20 @@ def build_training(
     fixed_inputs: bool = False,
     parallel: bool = True,
     compile: bool | None = None,
+    on_model: Callable[[nn.Module], None] | None = None,
 ) -> Training:
     """The model, wrapper, schedule, optimizer, loss and step that ``cfg`` describes; the LR
     schedule follows ``plan`` (each epoch's steps and global batch).
 
     ``fixed_inputs``: the loader refills the same tensors every step (``Loader.fixed_buffers``).
     ``parallel=False`` leaves the model unwrapped (``--batch-size auto``'s trials, which must not
-    run collectives); ``compile`` overrides ``--compile``."""
+    run collectives); ``compile`` overrides ``--compile``. ``on_model`` is called with the model
+    as soon as it is built, before the rest."""
     t = cfg.train
     kernels = cfg.typed.kernels
     model = build_configured_model(cfg.model, num_classes, dist.device, kernels)
+    if on_model is not None:
+        on_model(model)
     wrapped = wrap_model(model, t, dist) if parallel else None
     net = wrapped.net if wrapped else model
     schedule = plan_schedule(cfg.optim, plan)
@@ -164,10 +172,15 @@ def build(
     dist: DistState,
     loader_state: dict | None = None,
     startup: Startup | None = None,
+    *,
+    warm_up_convs: bool = False,
+    start_epoch: int = 0,
 ) -> Built:
     """Data, training parts and evaluator for a resolved ``cfg`` (with a batch size: ``--batch-size
     auto`` is measured before this). ``loader_state`` resumes the train loader; ``startup``
-    marks the data's and the model's time."""
+    marks the data's and the model's time. ``warm_up_convs``: start cuDNN's convolutions ahead
+    of the first step (``step/conv_warmup.py``) as soon as the model is built, at the shapes of
+    ``start_epoch``, the run's first."""
     t, parsed = cfg.train, cfg.typed
     # --batch-size is per GPU: DataParallel's one process feeds every GPU from one loader batch
     replicas = torch.cuda.device_count() if t.strategy == "dp" else 1
@@ -190,8 +203,25 @@ def build(
     if startup is not None:
         startup.mark("data: scan and loader")
     plan = epoch_plan(cfg, data.train, loader_batch, loader_batches, dist.world_size)
+    warmups: list[ConvWarmup] = []
+
+    def warm_up(model: nn.Module) -> None:
+        resolution = parsed.resolution
+        size = resolution.size_at(start_epoch)
+        batch = resolution.batch_at(start_epoch, loader_batches, loader_batch)
+        shape = (batch, 3, size, size)
+        started = start_conv_warmup(
+            model, amp_dtype(cfg), shape, cfg.model.channels_last, os.environ
+        )
+        warmups.extend([started] if started is not None else [])
+
     training = build_training(
-        cfg, dist, num_classes=data.num_classes, plan=plan, fixed_inputs=data.train.fixed_buffers
+        cfg,
+        dist,
+        num_classes=data.num_classes,
+        plan=plan,
+        fixed_inputs=data.train.fixed_buffers,
+        on_model=warm_up if warm_up_convs else None,
     )
     evaluator = ema_evaluator = None
     if data.val is not None and cfg.run.eval_every > 0:
@@ -201,7 +231,8 @@ def build(
     gpus = dist.world_size * replicas
     if startup is not None:
         startup.mark("model and optimizer")
-    return Built(data, training, evaluator, loader_batch, gpus, plan, ema_evaluator)
+    warmup = warmups[0] if warmups else None
+    return Built(data, training, evaluator, loader_batch, gpus, plan, ema_evaluator, warmup)
 
 
 def epoch_plan(

@@ -20,11 +20,10 @@ from fasttrain.metrics.profiling import configure
 from fasttrain.metrics.startup import Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
-from fasttrain.run.build import Built, amp_dtype, build
+from fasttrain.run.build import Built, build
 from fasttrain.run.compile_cache import Artifacts, configure_compile_caches
 from fasttrain.run.runtime import configure_backends, seed_everything
 from fasttrain.run.weights import load_weights, read_state_dict
-from fasttrain.step.conv_warmup import start_conv_warmup
 from fasttrain.step.training import Training
 
 log = logging.getLogger("fasttrain")
@@ -65,7 +64,10 @@ def set_up(
     )
     artifacts = Artifacts(run_dir, cfg, dist.world_size, dist.is_main)
     artifacts.load()  # before torch.compile: it looks for dynamo's saved trace when it wraps
-    built = build(cfg, dist, loader_state, startup)
+    # cuDNN's convolutions run on a thread from the model's build on, beside the rest of the
+    # set-up and the step's compile, at the shapes of the epoch the run starts in
+    epoch = int(resumed[1].get("epoch", 0)) if resumed else 0
+    built = build(cfg, dist, loader_state, startup, warm_up_convs=t.compile, start_epoch=epoch)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
@@ -104,11 +106,6 @@ def set_up(
         ckpt.set_aside(run_dir, step)
     dist.barrier("the barrier after preparing the run directory")
     log_setup(cfg, dist, built, step)
-    if t.compile:  # cuDNN's convolutions run on a thread while the step compiles
-        size = cfg.typed.resolution.size_at(built.plan.locate(step)[0])
-        shape = (built.loader_batch, 3, size, size)
-        model, last = built.training.model, cfg.model.channels_last
-        start_conv_warmup(model, amp_dtype(cfg), shape, last, os.environ)
     startup.mark("weights, resume and the run directory")
     return built, step, artifacts
 

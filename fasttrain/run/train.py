@@ -209,6 +209,8 @@ class Trainer:
             self.timer.step(),
             span("fasttrain.step"),
         ):
+            if self.step == self.start_step and self.built.conv_warmup is not None:
+                self.built.conv_warmup.before_first_step()  # none of it beside the step's kernels
             self.training.step(batches, self.meter, self.step)
         self.profiler.step()
         self.step += 1

@@ -1,23 +1,27 @@
-"""cuDNN's convolutions run once ahead of the first step, on a thread, while the step compiles.
+"""cuDNN's convolutions run once ahead of the first step, on a thread, while the run is set up
+and the step compiles.
 
 With ``cudnn.benchmark`` the first call of each convolution shape times cuDNN's candidate
 algorithms, and on a machine that has not run them before the CUDA driver first compiles some
 of those candidates' kernels from PTX for its GPU (its JIT; the results are kept per machine, in
 ``~/.nv/ComputeCache`` or ``$CUDA_CACHE_PATH``). For ResNet-50 that is seconds of a fresh
 machine's first step (BENCHMARKS.md, start-up), spent one convolution at a time inside the
-step, after the compile.
+step, after the compile; a warm start on a new machine (another node, a resume elsewhere) pays
+it as well, though it compiles nothing.
 
-The shapes are known before the compile starts: a forward of the model on fake tensors
+The shapes are known once the model is built: a forward of the model on fake tensors
 (``FakeTensorMode``: no memory, no kernels, nothing of the model changed) records each
 convolution, torch's and fasttrain's fused ``conv_bn``. A thread then runs each one's forward
 (torch's) and backward (``convolution_backward``, as the compiled backward calls it) once on
-random data of those shapes and layouts, on a stream of its own, while the main thread compiles:
-from dynamo's start of a compile to its end, which waits for the thread, so that the compiled
-step's own kernels, and inductor's timing of them, never share the GPU with it; a start that
-compiles nothing (all of it cached) runs none. The first step then finds the kernels compiled
-and, where its calls match, cuDNN's choices made (torch keeps them per process). Training
-computes nothing differently: cuDNN benchmarks the same candidates, earlier. Anything that fails
-here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns it off.
+random data of those shapes and layouts, on a stream of its own, from the model's build on:
+beside the rest of the set-up (the optimizer, dynamo's saved trace loaded, the resume) and the
+compile. It is joined before the step's own kernels run, so that they, and inductor's timing of
+them, never share the GPU with it: at dynamo's end of a compile, or before the first step where
+the step compiles nothing (dynamo's trace loaded). The first step then finds the kernels
+compiled and, where its calls match, cuDNN's choices made (torch keeps them per process).
+Training computes nothing differently: cuDNN benchmarks the same candidates, earlier. Anything
+that fails here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns it
+off.
 """
 
 from __future__ import annotations
@@ -35,10 +39,6 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("fasttrain")
-NOTHING_COMPILED = "no compile started"
-# from the thread's start to the step's compile: the setup's rest, seconds; a start that compiles
-# nothing (dynamo's trace and inductor's code cached) has its first step by then
-WAIT_FOR_COMPILE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ def record(
 
 
 class ConvWarmup:
-    """The thread (module notes); ``wait`` joins it, and dynamo's end of compile calls that."""
+    """The thread (module notes); ``wait`` joins it: dynamo's end of compile calls it, and
+    ``before_first_step`` where nothing compiles."""
 
     def __init__(
         self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec, device: torch.device
@@ -165,7 +166,6 @@ class ConvWarmup:
         self.seconds: float | None = None
         self.failed: str | None = None
         self.logged = False
-        self.compiling = threading.Event()  # dynamo's start of a compile sets it
         self.thread = threading.Thread(
             target=self._run,
             args=(model, amp_dtype, example),
@@ -176,10 +176,6 @@ class ConvWarmup:
     def _run(self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec) -> None:
         t0 = time.perf_counter()
         try:
-            if not self.compiling.wait(WAIT_FOR_COMPILE_S):
-                self.failed = NOTHING_COMPILED  # a warm start: nothing of this to do
-                return
-            t0 = time.perf_counter()  # from the compile's start
             self.convs = record(model, amp_dtype, example, self.device)
             cuda = self.device.type == "cuda"
             stream = torch.cuda.Stream(self.device) if cuda else None
@@ -199,17 +195,16 @@ class ConvWarmup:
     def start(self) -> ConvWarmup:
         from torch._dynamo.callback import callback_handler
 
-        callback_handler.register_start_callback(self._compiling)
         callback_handler.register_end_callback(self._compiled)
         self.thread.start()
         return self
 
-    def _compiling(self, args: object) -> None:
-        """Dynamo's start of a compile: the convolutions may run until its end."""
-        from torch._dynamo.callback import callback_handler
-
-        self.compiling.set()
-        callback_handler.remove_start_callback(self._compiling)
+    def before_first_step(self) -> None:
+        """The first step is next: where it compiles nothing (dynamo loaded its saved trace),
+        its kernels run at once, so the thread is joined now; otherwise it runs on beside the
+        compile, and the compile's end joins it."""
+        if trace_loaded():
+            self.wait()
 
     def _compiled(self, args: object) -> None:
         """Dynamo's end of a compile: the compiled code runs next."""
@@ -225,17 +220,23 @@ class ConvWarmup:
         self.thread.join(timeout)
         if self.seconds is not None and not self.logged:
             self.logged = True
-            if self.failed:  # nothing compiled (a warm start), or a failure: the step does it
-                level = logging.DEBUG if self.failed == NOTHING_COMPILED else logging.INFO
-                log.log(level, "cuDNN's convolutions ahead of the first step: not run (%s)",
-                        self.failed)  # fmt: skip
+            if self.failed:  # the first step does the work instead
+                log.info("cuDNN's convolutions ahead of the first step: not run (%s)", self.failed)
             else:
                 log.info(
-                    "cuDNN's convolutions ahead of the first step: %d ran in %.1f s, while the "
-                    "step compiled",
+                    "cuDNN's convolutions ahead of the first step: %d ran in %.1f s, beside the "
+                    "set-up and the compile",
                     len(self.convs),
                     self.seconds,
                 )
+
+
+def trace_loaded() -> bool:
+    """Whether dynamo loaded a saved trace in this process (torch's caching precompile): the
+    step it belongs to compiles nothing at its first call."""
+    from torch._dynamo.utils import counters
+
+    return counters["dynamo_cache"].get("dynamo_cache_hit", 0) > 0
 
 
 def start_conv_warmup(
@@ -246,8 +247,8 @@ def start_conv_warmup(
     env: Mapping[str, str],
 ) -> ConvWarmup | None:
     """Start the thread where it helps: a CUDA model, ``cudnn.benchmark`` on, a compiled step
-    (the caller's to say), not turned off. None otherwise. ``channels_last``: the model's and
-    its input's layout (``--channels-last``)."""
+    (the caller's to say), not turned off. None otherwise. ``batch_shape``: the first step's
+    input; ``channels_last``: the model's and its input's layout (``--channels-last``)."""
     param = next(model.parameters())
     if (
         env.get("FASTTRAIN_CONV_WARMUP", "1") == "0"

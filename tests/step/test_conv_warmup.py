@@ -1,7 +1,9 @@
 """cuDNN's convolutions ahead of the first step: the convolutions a forward on fake tensors
 records, that running them is valid (torch checks every argument) and touches nothing of the
-model, and the thread's life around dynamo's end of compile. On the CPU: cuDNN's side is GPU
-work, run by every compiled GPU start."""
+model, and the thread's life: joined at dynamo's end of compile or before the first step. On
+the CPU: cuDNN's side is GPU work, run by every compiled GPU start."""
+
+import threading
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torchvision
 from fasttrain.model.fused_resnet import FusedResNet
 from fasttrain.step import conv_warmup
 from fasttrain.step.conv_warmup import ConvWarmup, Spec, record
+from tests.conftest import FAST
 
 
 def nhwc_example(n: int, size: int, dtype=torch.float32) -> Spec:
@@ -55,33 +58,58 @@ def test_the_recorded_convolutions_run(arch):
             conv.run(torch.device("cpu"))
 
 
+def blocked_warmup(monkeypatch) -> tuple[ConvWarmup, list[str]]:
+    """A warm-up whose convolutions hold until something waits for it (its ``wait``): whoever
+    does not wait leaves it running."""
+    release = threading.Event()
+    monkeypatch.setattr(conv_warmup.Conv, "run", lambda self, device: release.wait(10))
+    model = torchvision.models.resnet18().to(memory_format=torch.channels_last)
+    warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"))
+    waits, join = [], warmup.wait
+
+    def wait(timeout: float = 300.0) -> None:
+        waits.append("wait")
+        release.set()
+        join(timeout)
+
+    monkeypatch.setattr(warmup, "wait", wait)
+    return warmup, waits
+
+
 def test_the_thread_is_waited_for_at_the_end_of_a_compile(monkeypatch):
     from torch._dynamo.callback import callback_handler
 
-    model = torchvision.models.resnet18().to(memory_format=torch.channels_last)
-    warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"))
-    warmup.wait()  # not started: returns at once
+    warmup, waits = blocked_warmup(monkeypatch)
     warmup.start()
     assert warmup._compiled in callback_handler.end_callbacks
-    assert warmup._compiling in callback_handler.start_callbacks
-    assert not warmup.compiling.wait(0.5)  # no convolution runs before a compile starts
+    assert warmup.thread.is_alive()  # it runs from its start, not from a compile's
     compiled = torch.compile(lambda x: x * 2, backend="eager")
-    compiled(torch.ones(2))  # dynamo's start of a compile lets it run, the end waits for it
-    assert not warmup.thread.is_alive() and warmup.failed is None
+    compiled(torch.ones(2))  # dynamo's end of the compile waits for it
+    assert waits and not warmup.thread.is_alive() and warmup.failed is None
     assert len(warmup.convs) == 11 and warmup.seconds > 0
     assert warmup._compiled not in callback_handler.end_callbacks
-    assert warmup._compiling not in callback_handler.start_callbacks
 
 
-def test_a_start_that_compiles_nothing_runs_no_convolution(monkeypatch):
-    monkeypatch.setattr(conv_warmup, "WAIT_FOR_COMPILE_S", 0.1)
-    ran = []
-    monkeypatch.setattr(conv_warmup.Conv, "run", lambda self, device: ran.append(self))
-    model = torchvision.models.resnet18().to(memory_format=torch.channels_last)
-    warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"))
-    warmup.thread.start()  # no callbacks: no compile will start
+@pytest.mark.parametrize("loaded", [True, False])
+def test_before_the_first_step_it_is_joined_only_where_nothing_compiles(monkeypatch, loaded):
+    """With dynamo's trace loaded the step's kernels run at once: joined before it; otherwise
+    the thread runs on into the compile, whose end joins it."""
+    monkeypatch.setattr(conv_warmup, "trace_loaded", lambda: loaded)
+    warmup, waits = blocked_warmup(monkeypatch)
+    warmup.thread.start()  # no callbacks: only before_first_step may join it
+    warmup.before_first_step()
+    assert warmup.thread.is_alive() is not loaded and bool(waits) is loaded
     warmup.wait()
-    assert warmup.failed == "no compile started" and ran == [] and warmup.convs == []
+    assert not warmup.thread.is_alive()
+
+
+def test_trace_loaded_reads_dynamos_cache_hits(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setitem(counters, "dynamo_cache", type(counters["dynamo_cache"])())
+    assert not conv_warmup.trace_loaded()
+    counters["dynamo_cache"]["dynamo_cache_hit"] += 1
+    assert conv_warmup.trace_loaded()
 
 
 def test_nothing_starts_off_the_gpu_or_when_turned_off():
@@ -112,3 +140,39 @@ def test_on_the_gpu_the_convolutions_run_while_a_compile_runs():
     assert all(c.x.dtype == torch.float16 for c in warmup.convs)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only(
+    run, tiny_data, tmp_path, monkeypatch
+):
+    """The run's wiring, with a stand-in for the thread (the CPU runs none): started once, as
+    soon as the model is built (before its step), at the first step's input shape; asked
+    before the first step, not after."""
+    from fasttrain.run import build as build_module
+    from fasttrain.run import setup
+
+    events = []
+
+    class StandIn:
+        def before_first_step(self) -> None:
+            events.append("before the first step")
+
+    def start(model, amp_dtype, shape, channels_last, env):
+        events.append(("started", shape))
+        return StandIn()
+
+    def build_step(**kwargs):
+        events.append("step built")
+        return real_build_step(**kwargs)
+
+    real_build, real_build_step = setup.build, build_module.build_step
+    monkeypatch.setattr(build_module, "start_conv_warmup", start)
+    monkeypatch.setattr(build_module, "build_step", build_step)
+    # as a compiled run asks (compiling here would take a minute)
+    monkeypatch.setattr(
+        setup, "build", lambda *a, **k: real_build(*a, **{**k, "warm_up_convs": True})
+    )
+    code, err = run("--data", tiny_data, *FAST, "--max-steps", "3", "--eval-every", "0",
+                    "--output-dir", tmp_path / "run")  # fmt: skip
+    assert code == 0, err
+    assert events == [("started", (16, 3, 32, 32)), "step built", "before the first step"]
