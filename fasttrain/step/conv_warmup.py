@@ -1,27 +1,33 @@
-"""cuDNN's convolutions run once ahead of the first step, on a thread, while the run is set up
-and the step compiles.
+"""cuDNN's convolutions run once ahead of the first step, on a thread, beside the set-up and
+the step's compile.
 
 With ``cudnn.benchmark`` the first call of each convolution shape times cuDNN's candidate
 algorithms, and on a machine that has not run them before the CUDA driver first compiles some
 of those candidates' kernels from PTX for its GPU (its JIT; the results are kept per machine, in
 ``~/.nv/ComputeCache`` or ``$CUDA_CACHE_PATH``). For ResNet-50 that is seconds of a fresh
 machine's first step (BENCHMARKS.md, start-up), spent one convolution at a time inside the
-step, after the compile; a warm start on a new machine (another node, a resume elsewhere) pays
-it as well, though it compiles nothing.
+step, after the compile; a warm start on a new machine (another node sharing the compile cache,
+a resume elsewhere) pays it too, though it compiles nothing.
 
 The shapes are known once the model is built: a forward of the model on fake tensors
 (``FakeTensorMode``: no memory, no kernels, nothing of the model changed) records each
-convolution, torch's and fasttrain's fused ``conv_bn``. A thread then runs each one's forward
+convolution, torch's and fasttrain's fused ``conv_bn``. A thread runs each one's forward
 (torch's) and backward (``convolution_backward``, as the compiled backward calls it) once on
-random data of those shapes and layouts, on a stream of its own, from the model's build on:
-beside the rest of the set-up (the optimizer, dynamo's saved trace loaded, the resume) and the
-compile. It is joined before the step's own kernels run, so that they, and inductor's timing of
-them, never share the GPU with it: at dynamo's end of a compile, or before the first step where
-the step compiles nothing (dynamo's trace loaded). The first step then finds the kernels
-compiled and, where its calls match, cuDNN's choices made (torch keeps them per process).
-Training computes nothing differently: cuDNN benchmarks the same candidates, earlier. Anything
-that fails here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns it
-off.
+random data of those shapes and layouts, on a stream of its own:
+
+- where CUDA's JIT cache is empty (``jit_cache_empty``: a new machine), from the model's build
+  on, beside the rest of the set-up (the optimizer, dynamo's saved trace loaded, the resume)
+  and any compile;
+- elsewhere only beside a compile, from dynamo's start of it: with the kernels compiled, the
+  thread's own cost (its fake forward competes for the interpreter with the set-up) is more
+  than a warm start's first step saves, so a start that compiles nothing runs none.
+
+It is joined before the step's own kernels run, so that they, and inductor's timing of them,
+never share the GPU with it: at dynamo's end of a compile, or before the first step where the
+step compiles nothing (dynamo's trace loaded). The first step then finds the kernels compiled
+and, where its calls match, cuDNN's choices made (torch keeps them per process). Training
+computes nothing differently: cuDNN benchmarks the same candidates, earlier. Anything that
+fails here only leaves the work to the first step. ``FASTTRAIN_CONV_WARMUP=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("fasttrain")
+NOTHING_COMPILED = "nothing compiled, and CUDA's JIT cache holds kernels"
 
 
 @dataclass(frozen=True)
@@ -156,12 +164,22 @@ def record(
 
 class ConvWarmup:
     """The thread (module notes); ``wait`` joins it: dynamo's end of compile calls it, and
-    ``before_first_step`` where nothing compiles."""
+    ``before_first_step`` where nothing compiles. ``at_once``: the convolutions run from the
+    thread's start; otherwise from dynamo's start of a compile."""
 
     def __init__(
-        self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec, device: torch.device
+        self,
+        model: nn.Module,
+        amp_dtype: torch.dtype | None,
+        example: Spec,
+        device: torch.device,
+        at_once: bool = True,
     ):
         self.device = device
+        self.go = threading.Event()  # the convolutions may run
+        if at_once:
+            self.go.set()
+        self.skip = False  # nothing compiles: the thread ends without running any
         self.convs: list[Conv] = []
         self.seconds: float | None = None
         self.failed: str | None = None
@@ -174,8 +192,12 @@ class ConvWarmup:
         )
 
     def _run(self, model: nn.Module, amp_dtype: torch.dtype | None, example: Spec) -> None:
+        self.go.wait()
         t0 = time.perf_counter()
         try:
+            if self.skip:
+                self.failed = NOTHING_COMPILED
+                return
             self.convs = record(model, amp_dtype, example, self.device)
             cuda = self.device.type == "cuda"
             stream = torch.cuda.Stream(self.device) if cuda else None
@@ -195,16 +217,28 @@ class ConvWarmup:
     def start(self) -> ConvWarmup:
         from torch._dynamo.callback import callback_handler
 
+        callback_handler.register_start_callback(self._compiling)
         callback_handler.register_end_callback(self._compiled)
         self.thread.start()
         return self
 
     def before_first_step(self) -> None:
         """The first step is next: where it compiles nothing (dynamo loaded its saved trace),
-        its kernels run at once, so the thread is joined now; otherwise it runs on beside the
-        compile, and the compile's end joins it."""
+        its kernels run at once, so the thread is joined now (one still waiting for a compile
+        ends without running any); otherwise it runs on beside the compile, and the compile's
+        end joins it."""
         if trace_loaded():
+            if not self.go.is_set():
+                self.skip = True
+                self.go.set()
             self.wait()
+
+    def _compiling(self, args: object) -> None:
+        """Dynamo's start of a compile: the convolutions may run beside it."""
+        from torch._dynamo.callback import callback_handler
+
+        self.go.set()
+        callback_handler.remove_start_callback(self._compiling)
 
     def _compiled(self, args: object) -> None:
         """Dynamo's end of a compile: the compiled code runs next."""
@@ -221,7 +255,9 @@ class ConvWarmup:
         if self.seconds is not None and not self.logged:
             self.logged = True
             if self.failed:  # the first step does the work instead
-                log.info("cuDNN's convolutions ahead of the first step: not run (%s)", self.failed)
+                level = logging.DEBUG if self.failed == NOTHING_COMPILED else logging.INFO
+                log.log(level, "cuDNN's convolutions ahead of the first step: not run (%s)",
+                        self.failed)  # fmt: skip
             else:
                 log.info(
                     "cuDNN's convolutions ahead of the first step: %d ran in %.1f s, beside the "
@@ -229,6 +265,19 @@ class ConvWarmup:
                     len(self.convs),
                     self.seconds,
                 )
+
+
+def jit_cache_empty(env: Mapping[str, str]) -> bool:
+    """Whether CUDA's JIT cache (``$CUDA_CACHE_PATH``, else ``~/.nv/ComputeCache``) is missing,
+    empty or turned off (``CUDA_CACHE_DISABLE=1``): a machine whose driver has compiled none of
+    cuDNN's kernels for this GPU yet. One that holds other programs' kernels counts as full."""
+    if env.get("CUDA_CACHE_DISABLE") == "1":
+        return True
+    path = Path(env.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
+    try:
+        return not any(path.expanduser().iterdir())
+    except OSError:  # not there yet
+        return True
 
 
 def trace_loaded() -> bool:
@@ -266,4 +315,5 @@ def start_conv_warmup(
         memory_format=torch.channels_last if channels_last else torch.contiguous_format,
     )
     example = Spec(tuple(batch_shape), tuple(layout.stride()), amp_dtype or param.dtype)
-    return ConvWarmup(model, amp_dtype, example, param.device).start()
+    at_once = jit_cache_empty(env)
+    return ConvWarmup(model, amp_dtype, example, param.device, at_once).start()

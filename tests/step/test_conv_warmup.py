@@ -103,6 +103,41 @@ def test_before_the_first_step_it_is_joined_only_where_nothing_compiles(monkeypa
     assert not warmup.thread.is_alive()
 
 
+def test_with_the_jit_cache_full_it_waits_for_a_compile(monkeypatch):
+    from torch._dynamo.callback import callback_handler
+
+    ran = []
+    monkeypatch.setattr(conv_warmup.Conv, "run", lambda self, device: ran.append(self))
+    model = torchvision.models.resnet18().to(memory_format=torch.channels_last)
+    warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"), at_once=False)
+    warmup.start()
+    assert not warmup.go.wait(0.3) and ran == []  # nothing before a compile starts
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+    assert not warmup.thread.is_alive() and len(ran) == 11 and warmup.failed is None
+    assert warmup._compiling not in callback_handler.start_callbacks
+
+
+def test_with_the_jit_cache_full_a_start_that_compiles_nothing_runs_none(monkeypatch):
+    monkeypatch.setattr(conv_warmup, "trace_loaded", lambda: True)
+    ran = []
+    monkeypatch.setattr(conv_warmup.Conv, "run", lambda self, device: ran.append(self))
+    model = torchvision.models.resnet18().to(memory_format=torch.channels_last)
+    warmup = ConvWarmup(model, None, nhwc_example(2, 32), torch.device("cpu"), at_once=False)
+    warmup.thread.start()
+    warmup.before_first_step()  # dynamo's trace loaded: the thread ends, running nothing
+    assert not warmup.thread.is_alive()
+    assert warmup.failed == conv_warmup.NOTHING_COMPILED and ran == [] and warmup.convs == []
+
+
+def test_the_jit_cache_counts_empty_where_missing_empty_or_turned_off(tmp_path):
+    empty = conv_warmup.jit_cache_empty
+    assert empty({"CUDA_CACHE_PATH": str(tmp_path / "missing")})
+    assert empty({"CUDA_CACHE_PATH": str(tmp_path)})
+    (tmp_path / "index").write_bytes(b"x")
+    assert not empty({"CUDA_CACHE_PATH": str(tmp_path)})
+    assert empty({"CUDA_CACHE_PATH": str(tmp_path), "CUDA_CACHE_DISABLE": "1"})
+
+
 def test_trace_loaded_reads_dynamos_cache_hits(monkeypatch):
     from torch._dynamo.utils import counters
 
