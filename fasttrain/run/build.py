@@ -213,7 +213,8 @@ def build(
         started = start_conv_warmup(
             model, amp_dtype(cfg), shape, cfg.model.channels_last, os.environ
         )
-        warmups.extend([started] if started is not None else [])
+        if started is not None:
+            warmups.append(started)
 
     training = build_training(
         cfg,
