@@ -1,8 +1,8 @@
 """Which kernels a step's GPU time goes to, from a ``--profile`` trace: convolutions, GEMMs,
 Triton's kernels (inductor's BatchNorm statistics and normalise, ReLU, the residual add, their
-backward, the optimizer when compiled; and fasttrain's own), NCCL, copies. ``breakdown.py``
-answers "compute, communication or idle?"; this answers "which compute?", which is where a
-fusion's saving should show.
+backward, the optimizer when compiled; and fasttrain's own), NCCL, copies, and DALI's decode
+kernels, which share the GPU with the step. ``breakdown.py`` answers "compute, communication or
+idle?"; this answers "which compute?", which is where a fusion's saving should show.
 
 Times are summed per kernel class over the kernels the profiled steps launched and divided by
 their number (the ``ProfilerStep#N`` annotations). A kernel belongs to a step when its host
@@ -24,9 +24,11 @@ from fasttrain.metrics.breakdown import window_of
 NCCL = "NCCL"
 COPIES = "copies and fills"
 OTHER = "other kernels"
-# (class, substrings of a kernel's lower-cased name), first match wins
+# (class, substrings of a kernel's lower-cased name), first match wins; the loader's kernels
+# before the convolutions, whose needles they hold ("RGBAToRGBConversion")
 CLASSES = (
     (NCCL, ("nccl",)),
+    ("data loading (DALI, nvJPEG)", ("nvjpeg", "dali::", "nvimgcodec")),
     ("Triton (BN, elementwise)", ("triton_",)),
     ("BatchNorm (cuDNN)", ("nhwc_batch_norm", "bn_fw", "bn_bw")),  # --cudnn-bn's kernels
     ("convolution", ("conv", "fprop", "dgrad", "wgrad", "implicit", "genstats")),
@@ -37,10 +39,11 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def classify(name: str, category: str = "kernel") -> str:
-    """The class of one GPU event: copies and fills by their category, kernels by name."""
-    if category in ("gpu_memcpy", "gpu_memset"):
-        return COPIES
+    """The class of one GPU event: copies and fills by their category (or, without it, by
+    the names Kineto gives them), kernels by name."""
     low = name.lower()
+    if category in ("gpu_memcpy", "gpu_memset") or low.startswith(("memcpy ", "memset ")):
+        return COPIES
     for label, needles in CLASSES:
         if any(n in low for n in needles):
             return label

@@ -53,6 +53,10 @@ def test_cudnn_engines_and_batchnorm_kernels_have_their_own_classes():
     assert classify("nhwc_batch_norm_fwd") == "BatchNorm (cuDNN)"
     assert classify("nvjet_hsh_128x256") == "GEMM (cuBLAS)"
     assert classify("Memset (Device)", "gpu_memset") == "copies and fills"
+    assert classify("Memcpy HtoD (Pinned -> Device)") == "copies and fills"  # the top list's
+    # DALI's decode kernels are the loader's, though their names hold a convolution's needle
+    name = "void nvjpeg::rgba2rgb<(nvjpegOutputFormat_t)5, nvjpeg::RGBAToRGBConversion::Launch>"
+    assert classify(name) == "data loading (DALI, nvJPEG)"
 
 
 def test_two_cycles_of_one_rank_add_up():
