@@ -18,6 +18,9 @@
   AOT autograd's cache entry when the trace is kept ("expected OutputCode", torch 2.14), and
   with torch's bundled AOT cache set to avoid that, a warm start compiled them again (slower
   than without the trace; docs/DESIGN.md).
+- **cuDNN's chosen plans** (``cudnn-plans.json`` in inductor's folder for the key): the plan
+  each of cuDNN's fused graphs chose at its first start, which a warm start builds alone instead
+  of timing them all (``model/cudnn/plans_kept.py``).
 - **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
   artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
   autotuning caches, and dynamo's trace), saved by the main process after the first step and
@@ -42,11 +45,13 @@ import torch
 from fasttrain.config import Config
 from fasttrain.config.paths import cache_dir
 from fasttrain.metrics.startup import compile_totals
+from fasttrain.model.cudnn.plans_kept import keep_plans
 
 log = logging.getLogger("fasttrain")
 
 FOLDER = "compile-cache"
 SHARED = "artifacts.bin"  # in inductor's folder for the key (Artifacts)
+PLANS = "cudnn-plans.json"  # cuDNN's chosen plans, in the same folder (model/cudnn/plans_kept.py)
 
 
 def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
@@ -59,7 +64,8 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
     otherwise (``autograd_cache_allow_custom_autograd_functions``), and the fused path's
     affine-ReLU and residual-ReLU steps are such Functions: every start then traced the joint
     graph again. Dynamo traces both directions of these Functions into the graph (they are
-    pure torch ops), so the graph the cache is keyed on holds them whole."""
+    pure torch ops), so the graph the cache is keyed on holds them whole. cuDNN's chosen plans
+    are kept in the same folder (``PLANS``)."""
     import torch._dynamo.config as dynamo_config
     from torch._functorch import config as functorch_config
 
@@ -68,6 +74,7 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
     if dynamo_config.caching_precompile:  # it warns of each guard it drops, by design: dozens
         logging.getLogger("torch._dynamo.guards").setLevel(logging.ERROR)
     where = inductor_dir(cfg, world_size)
+    keep_plans(None if where is None else where / PLANS)
     if where is None:
         return None
     where.mkdir(parents=True, exist_ok=True)

@@ -186,7 +186,8 @@ def _build_forward(x, weight, bias, residual, eps, relu, running: bool) -> _Plan
         plan.workspace = workspace
         _run_forward(plan, x, weight, bias, residual, relu)
 
-    select_fastest(g, run, limit=PLANS_TIMED)
+    key = ("bn forward", x.shape, x.stride(), x.dtype, residual is not None, relu, eps, running)
+    select_fastest(g, run, limit=PLANS_TIMED, key=key, device=x.device)
     plan.workspace = g.get_workspace_size()
     return plan
 
@@ -283,7 +284,8 @@ def _build_backward(grad_y, x, mask, weight, mean, invstd, relu, residual) -> _P
         plan.workspace = workspace
         _run_backward(plan, grad_y, x, mask, weight, mean, invstd, residual)
 
-    select_fastest(g, run, limit=PLANS_TIMED)
+    key = ("bn backward", x.shape, x.stride(), x.dtype, relu, residual is not None)
+    select_fastest(g, run, limit=PLANS_TIMED, key=key, device=x.device)
     plan.workspace = g.get_workspace_size()
     return plan
 

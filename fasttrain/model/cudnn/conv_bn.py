@@ -99,7 +99,7 @@ def _build_variant(
     g, tensors = _graph(tuple(x.shape), x.stride(), tuple(w.shape), w.stride(), x.device,
                         prologue, stride, padding, dtype, layout)  # fmt: skip
     plan = _Plan(g, tensors, 0, dtype)
-    _select_fastest(plan, x, w, prologue, stride, padding)
+    _select_fastest(plan, x, w, prologue, stride, padding, layout)
     plan.workspace = g.get_workspace_size()
     return plan
 
@@ -163,8 +163,11 @@ def _graph(
     return g, tensors
 
 
-def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, padding) -> None:
-    """``select_fastest`` for a conv_bn graph, run on the call's own shapes."""
+def _select_fastest(
+    plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride: int, padding: int, layout: str
+) -> None:
+    """``select_fastest`` for a conv_bn graph, run on the call's own shapes, its choice kept
+    under the graph's description."""
     c = x.shape[1]
     vectors = (torch.rand(c, device=x.device) + 0.5, torch.rand(c, device=x.device))
     vec = vectors if prologue else (None, None)
@@ -173,7 +176,9 @@ def _select_fastest(plan: _Plan, x: Tensor, w: Tensor, prologue: bool, stride, p
         plan.workspace = workspace
         _execute(plan, x, w, *vec, stride, padding)
 
-    select_fastest(plan.graph, run)
+    key = ("conv_bn", x.shape, x.stride(), w.shape, w.stride(), prologue, stride, padding,
+           plan.vector_dtype, layout)  # fmt: skip
+    select_fastest(plan.graph, run, key=key, device=x.device)
 
 
 def forward(

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fasttrain.model.cudnn import plans_kept
+
 log = logging.getLogger(__name__)
 _handles: dict[int, Any] = {}
 
@@ -55,32 +57,57 @@ def selection_seconds() -> float:
     return _selecting_s
 
 
-def select_fastest(graph: Any, run: Callable[[int], None], limit: int | None = None) -> None:
-    """``_select_fastest``, timed (``selection_seconds``)."""
+def select_fastest(
+    graph: Any,
+    run: Callable[[int], None],
+    limit: int | None = None,
+    key: tuple | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """``_select_fastest``, timed (``selection_seconds``). With ``key`` (the graph's shapes,
+    strides, types and fusions) and ``device``, the plan a start chose is kept
+    (``plans_kept``), and a later start with the same key builds that plan alone."""
     global _selecting_s
     t0 = time.perf_counter()
     try:
-        _select_fastest(graph, run, limit)
+        if key is None or device is None or torch.cuda.is_current_stream_capturing():
+            _select_fastest(graph, run, limit)
+            return
+        full = plans_kept.full_key(key, device)
+        count = graph.get_execution_plan_count()
+        index = plans_kept.kept_plan(full, count)
+        if index is not None and _builds(graph, index):
+            return
+        plans_kept.keep(full, _select_fastest(graph, run, limit), count)
     finally:
         _selecting_s += time.perf_counter() - t0
+
+
+def _builds(graph: Any, index: int) -> bool:
+    """Whether plan ``index`` builds (it is then the graph's plan)."""
+    try:
+        graph.build_plan_at_index(index)
+    except Exception:  # cudnn raises its own types; any of them means "time them again"
+        return False
+    return True
 
 
 REPEATS = 3  # executions timed per plan
 
 
-def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> None:
-    """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run
-    and capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep
-    the fastest that also captures in a CUDA graph, as ``cudnn.benchmark`` does for torch's
-    convolutions: the heuristics' first choice was several times slower than the bare
-    convolution for some shapes. Building a plan compiles its kernel (about 0.3 s each; cuDNN
-    ranks 30-36 plans for a BN graph), hence ``limit``. Under a CUDA-graph capture nothing can
-    be timed: the heuristics' first plan that builds is kept. Each plan is timed over
-    ``REPEATS`` eager executions; timing them by the replay of a CUDA graph instead, as the step
-    runs them, made the step no faster (docs/experiments/2026-12-step-options.md)."""
+def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -> int | None:
+    """Build the plans cuDNN ranks for ``graph`` (every one, or the first ``limit`` that run and
+    capture), time ``run(workspace_bytes)`` (one execution with that plan) on each, and keep the
+    fastest that also captures in a CUDA graph (its index returned), as ``cudnn.benchmark`` does for
+    torch's convolutions: the heuristics' first choice was several times slower than the bare
+    convolution for some shapes. Building a plan compiles its kernel (about 0.3 s each; cuDNN ranks
+    30-36 plans for a BN graph), hence ``limit``. Under a CUDA-graph capture nothing can be timed:
+    the heuristics' first plan that builds is kept. Each plan is timed over ``REPEATS`` eager
+    executions; timing them by the replay of a CUDA graph instead, as the step runs them, made the
+    step no faster (docs/experiments/2026-12-step-options.md)."""
     if torch.cuda.is_current_stream_capturing():
         graph.build_plans()
-        return
+        return None
     best, best_ms, tried = None, float("inf"), 0
     for index in range(graph.get_execution_plan_count()):
         if limit is not None and tried >= limit:
@@ -108,6 +135,7 @@ def _select_fastest(graph: Any, run: Callable[[int], None], limit: int | None) -
     if best is None:
         raise RuntimeError("no plan of the graph builds")
     graph.build_plan_at_index(best)
+    return best
 
 
 def _eager_ms(run: Callable[[int], None], workspace: int) -> float | None:
