@@ -58,7 +58,7 @@ def full_key(graph_key: tuple, device: Any) -> str:
         [
             list(graph_key),
             int(cudnn.backend_version()),
-            getattr(cudnn, "__version__", None),
+            cudnn.__version__,
             torch.cuda.get_device_name(device),
         ],
         default=str,
