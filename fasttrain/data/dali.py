@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,30 +99,6 @@ class _DaliLoader:
         self.copy_clock = CopyClock()
         self.runs = 0  # the pipeline's batches run in the current epoch
         self.scheduled = False  # the pipeline's next batch is scheduled (by its build)
-        self._pipe: Any = None  # built where needed (val), or on a thread of its own (train)
-        self._building: Future | None = None
-
-    @property
-    def pipe(self) -> Any:
-        """The built pipeline, once its build on its own thread (``_build_beside``) has ended;
-        what that build raised is raised here, at the first batch."""
-        if self._building is not None:
-            building, self._building = self._building, None
-            self._pipe = building.result()
-        return self._pipe
-
-    @pipe.setter
-    def pipe(self, pipe: Any) -> None:
-        _ = self.pipe  # a build still running ends first: it would overwrite this one
-        self._pipe = pipe
-
-    def _build_beside(self, size: int, batch: int, checkpoint: str | None) -> None:
-        """``_build`` on a thread, so that DALI's import, build and first batches overlap the
-        model's build and the compile cache's load instead of preceding them; ``pipe`` waits
-        for it."""
-        pool = ThreadPoolExecutor(1, thread_name_prefix="fasttrain-dali-build")
-        self._building = pool.submit(self._build, size, batch, checkpoint)
-        pool.shutdown(wait=False)  # its one thread ends with the build
 
     def _build(self, size: int, batch: int, checkpoint: str | None = None, schedule: bool = True):
         """A built pipeline cropping at ``size`` in batches of ``batch``, restored from
@@ -162,11 +137,10 @@ class _DaliLoader:
 
     def _run(self):
         """One batch from the pipeline: ``pipe.run()``, where the build scheduled the first."""
-        pipe = self.pipe  # waits for a build on its thread, which schedules the first batches
         if not self.scheduled:
-            self._named_failures(pipe.schedule_run)
+            self._named_failures(self.pipe.schedule_run)
         self.scheduled = False
-        return self._named_failures(pipe.outputs)  # returns once the batch is decoded
+        return self._named_failures(self.pipe.outputs)  # returns once the batch is decoded
 
     def _named_failures(self, call: Callable[[], Any]) -> Any:
         """``call()``, with DALI's failures on a bad file as one line: its decoder does not name
@@ -262,11 +236,12 @@ class DaliTrainLoader(_DaliLoader):
         order = torch.randperm(
             len(samples), generator=torch.Generator().manual_seed(place.seed)
         ).tolist()
+        train_pipeline, _ = pipelines()
         super().__init__(
             [samples[i][0] for i in order],
             [samples[i][1] for i in order],
             place,
-            _train_pipeline,
+            train_pipeline,
             (),
             {"auto_augment": auto_augment},
             buffers,
@@ -280,9 +255,7 @@ class DaliTrainLoader(_DaliLoader):
         self.default_batch = batch_size
         self.batches_by_size = dict(batches or {})
         self.size, self.batch_size = self.shape_at(self.epoch)
-        # the first pipeline builds on its own thread (DALI's import included) while the run
-        # is set up; a rebuild at a new crop size happens between epochs, in line
-        self._build_beside(self.size, self.batch_size, state["dali"][0] if state else None)
+        self.pipe = self._build(self.size, self.batch_size, state["dali"][0] if state else None)
 
     def shape_at(self, epoch: int) -> tuple[int, int]:
         """(crop size, batch) of ``epoch``."""
@@ -380,9 +353,10 @@ class DaliValLoader(_DaliLoader):
         )
         begin, end = shard_bounds(self.n, place.rank, place.world)
         self.shard_len = end - begin
-        # the pipeline is built at the first evaluation: not on the way to the first step, nor
-        # at all with --eval-every 0 (its buffers stay free)
         self.size, self.batch_size = image_size, batch_size
+        # built at the first evaluation: not on the way to the first step, nor at all with
+        # --eval-every 0 (its buffers stay free)
+        self.pipe = None
 
     def batches_in(self, epoch: int) -> int:
         """Batches covering this rank's shard, the last padded."""
@@ -407,11 +381,6 @@ class DaliValLoader(_DaliLoader):
                 y[max(first_pad, 0) :] = -1
             yield self._output(x, y)
         self.runs = 0  # val stays on its shard: the next evaluation starts it again
-
-
-def _train_pipeline(*args: Any, **kwargs: Any) -> Any:
-    """``dali_pipelines``' train pipeline, DALI imported on the calling thread (the build's)."""
-    return pipelines()[0](*args, **kwargs)
 
 
 def build_dali_loader(

@@ -1,7 +1,5 @@
 """The DALI pipelines, run in DALI's CPU mode (device_id=None): the same definitions as on a GPU."""
 
-import threading
-
 import pytest
 import torch
 
@@ -9,7 +7,7 @@ from fasttrain.data.folder import scan_folder
 from tests.conftest import FAST, assert_exact_resume
 
 pytest.importorskip("nvidia.dali")
-from fasttrain.data.dali import DaliTrainLoader, DaliValLoader, DataError, build_dali_loader
+from fasttrain.data.dali import DaliTrainLoader, DaliValLoader, build_dali_loader
 
 
 def loader(
@@ -91,42 +89,13 @@ def test_val_labels_match_their_class_folders(tiny_data):
 def test_batches_scheduled_at_the_build_are_those_of_plain_runs(tiny_data):
     samples = indexed(scan_folder(tiny_data).train)
     ld = loader(samples)
-    assert ld.pipe is not None and ld.scheduled  # the first batches started with the build
+    assert ld.scheduled  # the first batches started with the build
     ld.set_epoch(0)
     got = [y.clone() for _, y in ld]
     plain = loader(samples)
     pipe = plain._build(plain.size, plain.batch_size, schedule=False)
     expected = [torch.from_numpy(pipe.run()[1].as_array()).view(-1) for _ in got]
     assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, expected, strict=True))
-
-
-def test_train_pipeline_builds_on_its_own_thread_while_the_run_is_set_up(tiny_data, monkeypatch):
-    release, threads = threading.Event(), []
-    build = DaliTrainLoader._build
-
-    def held(self, *args, **kwargs):
-        threads.append(threading.current_thread())
-        assert release.wait(30)
-        return build(self, *args, **kwargs)
-
-    monkeypatch.setattr(DaliTrainLoader, "_build", held)
-    ld = loader(scan_folder(tiny_data).train)  # returns while its build is held
-    assert ld._building is not None and not ld._building.done()
-    release.set()
-    ld.set_epoch(0)
-    x, _ = next(iter(ld))  # the first batch waits for the build
-    assert x.shape == (16, 3, 32, 32) and threads[0] is not threading.main_thread()
-
-
-def test_a_failed_build_on_its_thread_raises_at_the_first_batch(tiny_data, monkeypatch):
-    def failing(self, *args, **kwargs):
-        raise DataError("--loader dali: DALI cannot read a file")
-
-    monkeypatch.setattr(DaliTrainLoader, "_build", failing)
-    ld = loader(scan_folder(tiny_data).train)
-    ld.set_epoch(0)
-    with pytest.raises(DataError, match="cannot read"):
-        next(iter(ld))
 
 
 def test_val_pipeline_is_built_at_the_first_evaluation(tiny_data):
