@@ -104,3 +104,16 @@ def test_a_kept_plan_is_timed_again_where_the_ranking_changed(tmp_path, monkeypa
     _select(again, monkeypatch, ("conv", 1), runs)
     assert runs == [0, 1, 2] and json.loads(path.read_text())  # and the file written anew
     plans_kept.keep_plans(None)
+
+
+def test_the_kept_key_holds_the_graph_the_versions_and_the_gpu(monkeypatch):
+    pytest.importorskip("cudnn")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU A")
+    shape = torch.Size([256, 64, 56, 56])
+    graph = ("conv_bn", shape, (200704, 1, 3584, 64), torch.float16, True, "nhwc")
+    key = plans_kept.full_key(graph, torch.device("cuda", 0))
+    assert key == plans_kept.full_key(graph, torch.device("cuda", 0))
+    assert "GPU A" in key and "torch.float16" in key and "[256, 64, 56, 56]" in key
+    assert key != plans_kept.full_key((*graph[:-1], "nchw"), torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU B")
+    assert key != plans_kept.full_key(graph, torch.device("cuda", 0))
