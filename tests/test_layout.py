@@ -10,10 +10,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Each folder's place: a module may import from its own folder and from folders ranked below
-# its own, never from one ranked level or above (errors < config < model, dist, pycache <
+# its own, never from one ranked level or above (errors, files < config < model, dist, pycache <
 # metrics < data, step < run < commands < __main__). kernels/ installs as fasttrain.kernels.
 RANK = {
     "errors": 0,
+    "files": 0,
     "config": 1,
     "kernels": 1,
     "model": 2,

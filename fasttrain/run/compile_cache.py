@@ -44,6 +44,7 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.config.paths import cache_dir
+from fasttrain.files import write_whole
 from fasttrain.metrics.startup import compile_totals
 from fasttrain.model.cudnn.plans_kept import keep_plans
 
@@ -200,18 +201,10 @@ class Artifacts:
         data = saved[0] if saved is not None else b""
         shared = self.shared.read_bytes() if self.shared and self.shared.is_file() else b""
         if len(data) > len(shared) and self.shared is not None:
-            _write(self.shared, data)
+            write_whole(self.shared, data)
         best = max(data, shared, key=len)
         if self.path is None or len(best) <= self.saved_size:
             return
-        _write(self.path, best)
+        write_whole(self.path, best)
         self.saved_size = len(best)
         log.debug("saved %.1f MB of compile artifacts to %s", len(best) / 2**20, self.path)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """``data`` to ``path``, whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

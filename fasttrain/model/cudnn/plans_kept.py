@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from fasttrain.files import write_whole
 
 log = logging.getLogger("fasttrain")
 
@@ -68,7 +68,7 @@ def full_key(graph_key: tuple, device: Any) -> str:
 def kept_plan(key: str, count: int) -> int | None:
     """The plan kept for ``key`` among ``count`` ranked plans, or None."""
     with _lock:
-        entry = _kept.get(key) if _path is not None else None
+        entry = _kept.get(key)  # empty where no file is kept
     if entry is None or entry[1] != count or not 0 <= entry[0] < count:
         return None
     return entry[0]
@@ -80,15 +80,7 @@ def keep(key: str, index: int, count: int) -> None:
         if _path is None or _kept.get(key) == [index, count]:
             return
         _kept[key] = [index, count]
-        text = json.dumps(_kept, indent=0, sort_keys=True)
-        tmp = None
         try:
-            _path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=_path.parent, prefix=".cudnn-plans-")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, _path)
+            write_whole(_path, json.dumps(_kept, indent=0, sort_keys=True).encode())
         except OSError as e:  # a read-only cache: the next start times the plans again
             log.debug("cuDNN's chosen plans not kept in %s: %s", _path, e)
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
