@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import tarfile
 from pathlib import Path
 
 import torch
@@ -47,12 +48,14 @@ from fasttrain.config.paths import cache_dir
 from fasttrain.files import write_whole
 from fasttrain.metrics.startup import compile_totals
 from fasttrain.model.cudnn.plans_kept import keep_plans
+from fasttrain.run.kernels_kept import launched_kernels, pack, triton_dir, unpack
 
 log = logging.getLogger("fasttrain")
 
 FOLDER = "compile-cache"
 SHARED = "artifacts.bin"  # in inductor's folder for the key (Artifacts)
 PLANS = "cudnn-plans.json"  # cuDNN's chosen plans, in the same folder (model/cudnn/plans_kept.py)
+KERNELS = ".triton.tar.gz"  # beside the run's artifacts: the kernels its launchers run
 
 
 def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
@@ -158,18 +161,25 @@ class Artifacts:
 
     def __init__(self, run_dir: Path | None, cfg: Config, world_size: int, is_main: bool):
         # None: no run folder (``fasttrain compile``), only the key's shared file
-        self.path = Path(run_dir) / FOLDER / f"{key(cfg, world_size)}.bin" if run_dir else None
+        folder = Path(run_dir) / FOLDER if run_dir else None
+        self.path = folder / f"{key(cfg, world_size)}.bin" if folder else None
+        # the Triton kernels the step's launchers run (``kernels_kept.py``)
+        self.kernels = folder / f"{key(cfg, world_size)}{KERNELS}" if folder else None
         where = inductor_dir(cfg, world_size) if trace_cache_applies(cfg, world_size) else None
         self.shared = where / SHARED if where is not None else None
         self.enabled = cfg.train.compile
         self.is_main = is_main
         self.saved_size = 0
         self.saved_after: dict[str, float] | None = None  # torch's compile records then
+        self.kernels_seen: set[str] | None = None  # the launchers' kernels then
+        self.kernels_saved: set[str] = set()
 
     def load(self) -> bool:
-        """Fill the compile caches from the folder's artifacts, if there are any for this key."""
+        """Fill the compile caches from the folder's artifacts, if there are any for this key:
+        Triton's with the kept kernels it lacks, then torch's."""
         if not self.enabled or self.path is None or not self.path.is_file():
             return False
+        self._load_kernels()
         try:
             info = torch.compiler.load_cache_artifacts(self.path.read_bytes())
         except Exception as e:  # damaged, or from a torch that writes another format
@@ -185,14 +195,17 @@ class Artifacts:
 
     def save(self) -> None:
         """Save what this process has compiled, or the key's artifacts where those hold more
-        (class notes), where it is more than the file holds (main process); nothing when nothing
-        was compiled since the last call (a checkpoint)."""
+        (class notes), where it is more than the file holds, and the kernels the launchers run
+        (main process); nothing when nothing was compiled or tuned since the last call (a
+        checkpoint)."""
         if not (self.enabled and self.is_main):
             return
-        compiled = compile_totals()  # unchanged since the last save: nothing new to keep
-        if compiled == self.saved_after:
+        compiled = compile_totals()
+        kernels = launched_kernels()  # tuning changes these, and compiles nothing torch records
+        if compiled == self.saved_after and kernels == self.kernels_seen:
             return
-        self.saved_after = compiled
+        self.saved_after, self.kernels_seen = compiled, kernels
+        self._save_kernels(kernels)
         try:
             saved = torch.compiler.save_cache_artifacts()
         except Exception as e:
@@ -208,3 +221,28 @@ class Artifacts:
         write_whole(self.path, best)
         self.saved_size = len(best)
         log.debug("saved %.1f MB of compile artifacts to %s", len(best) / 2**20, self.path)
+
+    def _load_kernels(self) -> None:
+        if self.kernels is None or not self.kernels.is_file():
+            return
+        where = triton_dir()
+        try:
+            added = unpack(self.kernels.read_bytes(), where)
+        except (OSError, ValueError, tarfile.TarError) as e:
+            log.warning("kept kernels %s not loaded (%s): they compile again", self.kernels, e)
+            return
+        if added:
+            log.info("put %d kept Triton kernels from %s into %s", added, self.kernels, where)
+
+    def _save_kernels(self, kernels: set[str]) -> None:
+        if self.kernels is None or kernels <= self.kernels_saved:
+            return
+        try:
+            data, found = pack(kernels, triton_dir())
+        except OSError as e:
+            log.debug("kernels not kept: %s", e)
+            return
+        if found - self.kernels_saved:
+            write_whole(self.kernels, data)
+            self.kernels_saved = found
+            log.debug("kept %d Triton kernels in %s", len(found), self.kernels)

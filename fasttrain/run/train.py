@@ -221,6 +221,7 @@ class Trainer:
             self.first_resized_step_done()
         if tuning:
             self.late.done(self.dist.device, t_step)
+            self.artifacts.save()  # the tuned configurations, and the kernels that run them
             self.metrics.restart_interval()
 
     def first_step_done(self, t_step: float) -> None:
