@@ -26,7 +26,11 @@
   autotuning caches, and dynamo's trace), saved by the main process after the first step and
   again at a checkpoint when more was compiled (evaluation's model), and loaded into the caches
   when a run starts in that folder, before the step is built (``torch.compile`` looks for the
-  trace as it wraps the function): a resume on a new machine starts warm. The key holds
+  trace as it wraps the function): a resume on a new machine starts warm. Beside them,
+  ``<key>.triton.tar.gz`` holds the Triton kernels the step's launchers run, which torch's
+  artifacts lack once coordinate descent has tuned them (``run/kernels_kept.py``). Both are
+  saved again after ``--tune-kernels later``'s tuning step, whose results torch's compile
+  records do not count. The key holds
   torch's, Triton's and cuDNN's versions, the GPU and every setting that shapes the compiled
   step, so any change misses cleanly (a new file); inductor's own keys still guard every entry
   inside.
