@@ -184,8 +184,9 @@ class Artifacts:
         if not self.enabled or self.path is None or not self.path.is_file():
             return False
         self._load_kernels()
+        data = self.path.read_bytes()
         try:
-            info = torch.compiler.load_cache_artifacts(self.path.read_bytes())
+            info = torch.compiler.load_cache_artifacts(data)
         except Exception as e:  # damaged, or from a torch that writes another format
             log.warning("compile artifacts %s not loaded (%s): compiling afresh", self.path, e)
             return False
@@ -195,6 +196,9 @@ class Artifacts:
             entries,
             self.path,
         )
+        # a start that loads them records less than it loaded (not what it found in the caches):
+        # the file is replaced only by more
+        self.saved_size = len(data)
         return True
 
     def save(self) -> None:
@@ -231,7 +235,7 @@ class Artifacts:
             return
         where = triton_dir()
         try:
-            added = unpack(self.kernels.read_bytes(), where)
+            added, self.kernels_saved = unpack(self.kernels.read_bytes(), where)
         except (OSError, ValueError, tarfile.TarError) as e:
             log.warning("kept kernels %s not loaded (%s): they compile again", self.kernels, e)
             return

@@ -76,8 +76,9 @@ def pack(keys: set[str], where: Path) -> tuple[bytes, set[str]]:
     return buffer.getvalue(), found
 
 
-def unpack(data: bytes, where: Path) -> int:
-    """Put the packed folders that Triton's cache ``where`` lacks into it; how many. A folder is
+def unpack(data: bytes, where: Path) -> tuple[int, set[str]]:
+    """Put the packed folders that Triton's cache ``where`` lacks into it; returns how many, and
+    the keys packed (put there or found there). A folder is
     written under a temporary name and renamed into place whole, so that a Triton reading the
     cache beside it never sees half of one. Members other than ``<key>/<file>`` regular files
     are refused (``ValueError``)."""
@@ -107,4 +108,4 @@ def unpack(data: bytes, where: Path) -> int:
                 for file in tmp.iterdir():
                     file.unlink()
                 tmp.rmdir()
-    return added
+    return added, set(folders)

@@ -244,3 +244,37 @@ def test_the_trace_cache_is_kept_only_where_the_steps_shapes_are_fixed():
     assert not applies("--no-trace-cache")
     assert not applies("--batch-size", "auto")
     assert not applies("--progressive-resizing", "160:192:0:2")
+
+
+def test_a_start_that_loaded_the_folder_s_artifacts_replaces_them_only_with_more(
+    tmp_path, monkeypatch
+):
+    """A start from the folder's artifacts records less than it loaded (torch records what it
+    compiles and some of what it loads, not the tuned kernels' results). Written over the
+    folder's file, that left the next resume on a new machine to compile and tune again."""
+    import torch
+
+    from fasttrain.config.cli import parse_args
+    from fasttrain.run import compile_cache
+
+    cfg = parse_args(
+        ["--data", "/d", "--compile", "--compile-cache", str(tmp_path / "new-machine")],
+        cuda_available=False,
+    )[0]
+    artifacts = compile_cache.Artifacts(tmp_path / "run", cfg, 1, is_main=True)
+    assert artifacts.path is not None
+    artifacts.path.parent.mkdir(parents=True)
+    artifacts.path.write_bytes(b"the first run's" * 10)
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None)
+    assert artifacts.load()
+
+    totals = {"inductor": 0.0}
+    monkeypatch.setattr(compile_cache, "compile_totals", lambda: dict(totals))
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"less", None))
+    artifacts.save()  # after the first step
+    assert artifacts.path.read_bytes() == b"the first run's" * 10
+
+    totals["inductor"] = 1.0  # evaluation compiled: more than the file held
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"more" * 100, None))
+    artifacts.save()
+    assert artifacts.path.read_bytes() == b"more" * 100

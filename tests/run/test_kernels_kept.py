@@ -35,13 +35,13 @@ def test_packed_folders_fill_an_empty_cache_and_leave_present_ones_alone(tmp_pat
     assert found == {"k1", "k2"}  # a folder no longer there is left out
 
     b = tmp_path / "b"
-    assert unpack(data, b) == 2
+    assert unpack(data, b) == (2, {"k1", "k2"})
     assert files(b) == {k: v for k, v in files(a).items() if not k.startswith("k3")}
-    assert unpack(data, b) == 0  # all there already
+    assert unpack(data, b) == (0, {"k1", "k2"})  # all there already
 
     c = cache_with(tmp_path / "c", "k1")
     (c / "k1" / "k1.cubin").write_bytes(b"this machine's own")
-    assert unpack(data, c) == 1  # k2 only: k1 is this machine's, left as it is
+    assert unpack(data, c)[0] == 1  # k2 only: k1 is this machine's, left as it is
     assert (c / "k1" / "k1.cubin").read_bytes() == b"this machine's own"
     assert (c / "k2" / "k2.cubin").read_bytes() == b"binary of k2"
     assert not [p for p in c.iterdir() if p.name.startswith(".")]  # no temporary left
