@@ -4,6 +4,7 @@ train or evaluate."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,12 +20,14 @@ from fasttrain.errors import UserError
 from fasttrain.metrics.startup import Startup
 from fasttrain.run.resolve import resolve
 from fasttrain.run.runs import place_run
+from fasttrain.step.conv_warmup import jit_cache_empty
 
 
 def main(argv: Sequence[str], t_start: float) -> int:
     """Train (or evaluate) as ``argv`` says; ``t_start``: when the program started, for the
     start-up time it reports."""
-    startup = Startup(t_start)
+    # before anything of CUDA's: cuDNN's probe and CUDA's start fill an empty JIT cache
+    startup = Startup(t_start, jit_cache_empty=jit_cache_empty(os.environ))
     cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
     dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
     startup.mark("imports, flags and the process group")

@@ -100,8 +100,11 @@ def fx_cache_counts(before: dict[str, float], after: dict[str, float]) -> dict[s
 class Startup:
     """The phases to the first step (module notes); ``mark`` ends one."""
 
-    def __init__(self, t_start: float):
+    def __init__(self, t_start: float, jit_cache_empty: bool | None = None):
         self.t_start = t_start
+        # CUDA's JIT cache as the process found it, before any CUDA work filled it (a new
+        # machine: ``step/conv_warmup.py``); None where nobody asked
+        self.jit_cache_empty = jit_cache_empty
         self.parts: dict[str, float] = {}
         self.last = t_start
         self.compile_before = compile_totals()

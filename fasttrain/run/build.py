@@ -210,8 +210,9 @@ def build(
         size = resolution.size_at(start_epoch)
         batch = resolution.batch_at(start_epoch, loader_batches, loader_batch)
         shape = (batch, 3, size, size)
+        fresh = startup.jit_cache_empty if startup is not None else None
         started = start_conv_warmup(
-            model, amp_dtype(cfg), shape, cfg.model.channels_last, os.environ
+            model, amp_dtype(cfg), shape, cfg.model.channels_last, os.environ, fresh
         )
         if started is not None:
             warmups.append(started)

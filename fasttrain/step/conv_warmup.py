@@ -294,10 +294,14 @@ def start_conv_warmup(
     batch_shape: tuple[int, int, int, int],
     channels_last: bool,
     env: Mapping[str, str],
+    fresh_jit_cache: bool | None = None,
 ) -> ConvWarmup | None:
     """Start the thread where it helps: a CUDA model, ``cudnn.benchmark`` on, a compiled step
     (the caller's to say), not turned off. None otherwise. ``batch_shape``: the first step's
-    input; ``channels_last``: the model's and its input's layout (``--channels-last``)."""
+    input; ``channels_last``: the model's and its input's layout (``--channels-last``);
+    ``fresh_jit_cache``: ``jit_cache_empty`` as the process found it at its start (None: asked
+    now). By the model's build, CUDA's start and cuDNN's probe have put kernels of their own
+    into an empty cache, and a new machine would count as an old one."""
     param = next(model.parameters())
     if (
         env.get("FASTTRAIN_CONV_WARMUP", "1") == "0"
@@ -315,5 +319,5 @@ def start_conv_warmup(
         memory_format=torch.channels_last if channels_last else torch.contiguous_format,
     )
     example = Spec(tuple(batch_shape), tuple(layout.stride()), amp_dtype or param.dtype)
-    at_once = jit_cache_empty(env)
+    at_once = jit_cache_empty(env) if fresh_jit_cache is None else fresh_jit_cache
     return ConvWarmup(model, amp_dtype, example, param.device, at_once).start()

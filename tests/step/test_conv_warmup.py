@@ -181,26 +181,39 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
     run, tiny_data, tmp_path, monkeypatch
 ):
     """The run's wiring, with a stand-in for the thread (the CPU runs none): started once, as
-    soon as the model is built (before its step), at the first step's input shape; asked
-    before the first step, not after."""
+    soon as the model is built (before its step), at the first step's input shape, told that
+    CUDA's JIT cache was empty where it was so at the process's start, though the settings'
+    resolution (cuDNN's probe, on a GPU) filled it since; asked before the first step, not
+    after."""
+    from fasttrain.commands import train as train_command
     from fasttrain.run import build as build_module
     from fasttrain.run import setup
 
     events = []
+    jit_cache = tmp_path / "jit-cache"  # a new machine's: not there yet
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(jit_cache))
 
     class StandIn:
         def before_first_step(self) -> None:
             events.append("before the first step")
 
-    def start(model, amp_dtype, shape, channels_last, env):
-        events.append(("started", shape))
+    def start(model, amp_dtype, shape, channels_last, env, fresh_jit_cache):
+        assert not conv_warmup.jit_cache_empty(env)  # filled since the start...
+        events.append(("started", shape, fresh_jit_cache))  # ...and judged as it was then
         return StandIn()
+
+    def resolve(*args, **kwargs):
+        jit_cache.mkdir()
+        (jit_cache / "index").write_bytes(b"cuDNN's probe compiled a kernel")
+        return real_resolve(*args, **kwargs)
 
     def build_step(**kwargs):
         events.append("step built")
         return real_build_step(**kwargs)
 
     real_build, real_build_step = setup.build, build_module.build_step
+    real_resolve = train_command.resolve
+    monkeypatch.setattr(train_command, "resolve", resolve)
     monkeypatch.setattr(build_module, "start_conv_warmup", start)
     monkeypatch.setattr(build_module, "build_step", build_step)
     # as a compiled run asks (compiling here would take a minute)
@@ -210,4 +223,4 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
     code, err = run("--data", tiny_data, *FAST, "--max-steps", "3", "--eval-every", "0",
                     "--output-dir", tmp_path / "run")  # fmt: skip
     assert code == 0, err
-    assert events == [("started", (16, 3, 32, 32)), "step built", "before the first step"]
+    assert events == [("started", (16, 3, 32, 32), True), "step built", "before the first step"]
