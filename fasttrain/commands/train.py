@@ -26,7 +26,7 @@ from fasttrain.step.conv_warmup import jit_cache_empty
 def main(argv: Sequence[str], t_start: float) -> int:
     """Train (or evaluate) as ``argv`` says; ``t_start``: when the program started, for the
     start-up time it reports."""
-    # before anything of CUDA's: cuDNN's probe and CUDA's start fill an empty JIT cache
+    # before anything of CUDA's, which can put kernels into an empty JIT cache (conv_warmup)
     startup = Startup(t_start, jit_cache_empty=jit_cache_empty(os.environ))
     cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
     dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)

@@ -300,8 +300,8 @@ def start_conv_warmup(
     (the caller's to say), not turned off. None otherwise. ``batch_shape``: the first step's
     input; ``channels_last``: the model's and its input's layout (``--channels-last``);
     ``fresh_jit_cache``: ``jit_cache_empty`` as the process found it at its start (None: asked
-    now). By the model's build, CUDA's start and cuDNN's probe have put kernels of their own
-    into an empty cache, and a new machine would count as an old one."""
+    now). By the model's build the process's own CUDA work (CUDA's start, cuDNN's probe) can
+    have put kernels into an empty cache, and a new machine would count as an old one."""
     param = next(model.parameters())
     if (
         env.get("FASTTRAIN_CONV_WARMUP", "1") == "0"

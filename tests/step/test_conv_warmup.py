@@ -182,9 +182,9 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
 ):
     """The run's wiring, with a stand-in for the thread (the CPU runs none): started once, as
     soon as the model is built (before its step), at the first step's input shape, told that
-    CUDA's JIT cache was empty where it was so at the process's start, though the settings'
-    resolution (cuDNN's probe, on a GPU) filled it since; asked before the first step, not
-    after."""
+    CUDA's JIT cache was empty where it was so at the process's start, though something before
+    the model's build filled it since (here the settings' resolution, standing in for the
+    process's own CUDA work on a GPU); asked before the first step, not after."""
     from fasttrain.commands import train as train_command
     from fasttrain.run import build as build_module
     from fasttrain.run import setup
@@ -204,7 +204,7 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
 
     def resolve(*args, **kwargs):
         jit_cache.mkdir()
-        (jit_cache / "index").write_bytes(b"cuDNN's probe compiled a kernel")
+        (jit_cache / "index").write_bytes(b"a kernel compiled for this GPU")
         return real_resolve(*args, **kwargs)
 
     def build_step(**kwargs):
