@@ -197,8 +197,13 @@ class Artifacts:
             self.path,
         )
         # a start that loads them records less than it loaded (not what it found in the caches):
-        # the file is replaced only by more
+        # the folder's file is replaced only by more, and the key's file on this machine, which
+        # the next run that starts from the trace copies, starts with them
         self.saved_size = len(data)
+        if self.shared is not None and (
+            not self.shared.is_file() or self.shared.stat().st_size < len(data)
+        ):
+            write_whole(self.shared, data)
         return True
 
     def save(self) -> None:

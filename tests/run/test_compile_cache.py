@@ -251,7 +251,8 @@ def test_a_start_that_loaded_the_folder_s_artifacts_replaces_them_only_with_more
 ):
     """A start from the folder's artifacts records less than it loaded (torch records what it
     compiles and some of what it loads, not the tuned kernels' results). Written over the
-    folder's file, that left the next resume on a new machine to compile and tune again."""
+    folder's file, that left the next resume on a new machine to compile and tune again. The
+    key's file on the new machine starts with what was loaded, for the runs that copy it."""
     import torch
 
     from fasttrain.config.cli import parse_args
@@ -267,12 +268,16 @@ def test_a_start_that_loaded_the_folder_s_artifacts_replaces_them_only_with_more
     artifacts.path.write_bytes(b"the first run's" * 10)
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None)
     assert artifacts.load()
+    # the new machine's file for the key, which a run that starts from the trace copies
+    assert artifacts.shared is not None
+    assert artifacts.shared.read_bytes() == b"the first run's" * 10
 
     totals = {"inductor": 0.0}
     monkeypatch.setattr(compile_cache, "compile_totals", lambda: dict(totals))
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"less", None))
     artifacts.save()  # after the first step
     assert artifacts.path.read_bytes() == b"the first run's" * 10
+    assert artifacts.shared.read_bytes() == b"the first run's" * 10
 
     totals["inductor"] = 1.0  # evaluation compiled: more than the file held
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"more" * 100, None))
