@@ -24,7 +24,8 @@
 - **The run's own artifacts** (``<run>/compile-cache/<key>.bin``): torch's portable cache
   artifacts (``torch.compiler.save_cache_artifacts``: the FX graph, AOT autograd, Triton and
   autotuning caches, and dynamo's trace), saved by the main process after the first step and
-  again at a checkpoint when more was compiled (evaluation's model), and loaded into the caches
+  again at a checkpoint when more was compiled (evaluation's model), never replaced by less
+  (``Artifacts.load`` says why), and loaded into the caches
   when a run starts in that folder, before the step is built (``torch.compile`` looks for the
   trace as it wraps the function): a resume on a new machine starts warm. Beside them,
   ``<key>.triton.tar.gz`` holds the Triton kernels the step's launchers run, which torch's
