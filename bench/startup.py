@@ -6,7 +6,10 @@ Each variant runs three times in a row, each run a fresh process:
 - **cold**: empty caches (a directory of its own for inductor, Triton and fasttrain's caches);
 - **warm**: the same command again, its caches filled;
 - **resumed, new machine**: the warm run's folder resumed (``--resume auto``) with empty caches
-  again, so only what the run folder kept (its compile artifacts) is there;
+  again, CUDA's JIT cache included, so only what the run folder kept (its compile artifacts
+  and kernels) is there;
+- **resumed again, new machine**: the same folder resumed once more on another such machine,
+  from what the first resume left in it;
 - **compile**: ``python -m fasttrain compile`` with the same flags into empty caches (its own
   time, start to exit), then **after compile**: the run in those caches.
 
@@ -37,11 +40,15 @@ TOP = 6  # parts named in the table, largest first
 STARTS = ("cold", "warm", "resumed", "compile")
 
 
-def cache_env(cache: Path) -> dict[str, str]:
-    """This environment with fasttrain's caches, and so inductor's and Triton's, in ``cache``."""
+def cache_env(cache: Path, new_machine: bool = False) -> dict[str, str]:
+    """This environment with fasttrain's caches, and so inductor's and Triton's, in ``cache``;
+    ``new_machine``: CUDA's JIT cache there too (empty), as on a machine that never ran CUDA."""
     env = {**os.environ, "FASTTRAIN_CACHE": str(cache)}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(name, None)  # --compile-cache's default follows FASTTRAIN_CACHE
+    if new_machine:
+        env["CUDA_CACHE_PATH"] = str(cache / "cuda-jit")
+        env.pop("CUDA_CACHE_DISABLE", None)
     return env
 
 
@@ -51,11 +58,12 @@ def largest(parts: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in top)
 
 
-def run(argv: list[str], cache: Path, log: Path) -> dict:
-    """One ``python -m fasttrain`` with its caches in ``cache``; its summary."""
+def run(argv: list[str], cache: Path, log: Path, new_machine: bool = False) -> dict:
+    """One ``python -m fasttrain`` with its caches in ``cache`` (``cache_env``); its summary."""
+    env = cache_env(cache, new_machine)
     with log.open("w") as f:
         done = subprocess.run([sys.executable, "-m", "fasttrain", *argv], stdout=f,
-                              stderr=subprocess.STDOUT, env=cache_env(cache))  # fmt: skip
+                              stderr=subprocess.STDOUT, env=env)  # fmt: skip
     out = Path(argv[argv.index("--output-dir") + 1])
     summary = out / "summary.json"
     if done.returncode != 0 or not summary.is_file():
@@ -149,18 +157,25 @@ def main() -> None:
             for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
             cold, warm = ([*flags, *extra.split(), "--output-dir", str(f)] for f in folders)
-            with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-                starts = [
-                    ("cold", cold, Path(a)),
-                    ("warm", warm, Path(a)),
+            with (
+                tempfile.TemporaryDirectory() as a,
+                tempfile.TemporaryDirectory() as b,
+                tempfile.TemporaryDirectory() as c,
+            ):
+                resume = [*warm, "--resume", "auto", "--max-steps"]
+                starts = [  # (--starts name, log name, row, command, caches, a new machine)
+                    ("cold", "cold", "cold", cold, Path(a), False),
+                    ("warm", "warm", "warm", warm, Path(a), False),
                     # the warm run's folder, its checkpoint and compile artifacts, elsewhere
-                    ("resumed, new machine", [*warm, "--resume", "auto", "--max-steps", "60"],
-                     Path(b)),
+                    ("resumed", "resumed", "resumed, new machine", [*resume, "60"], Path(b),
+                     True),
+                    ("resumed", "resumed-again", "resumed again, new machine",
+                     [*resume, "80"], Path(c), True),
                 ]  # fmt: skip
-                for start, cmd, cache in starts:
-                    if start.split(",")[0] not in chosen:
+                for name, log, start, cmd, cache, new_machine in starts:
+                    if name not in chosen:
                         continue
-                    s = run(cmd, cache, args.out / f"{slug}-{start.split(',')[0]}.log")
+                    s = run(cmd, cache, args.out / f"{slug}-{log}.log", new_machine)
                     jsonl.write(json.dumps({"variant": label, "start": start, **s}) + "\n")
                     lines.append(row(label, start, s))
                     print(lines[-1], flush=True)

@@ -23,14 +23,17 @@ SUMMARY = {
     "img_per_s": 8900.0,
 }
 REPORT = {"parts_s": {"inductor codegen": 20.0}, "fx_graph_cache": {"hits": 0, "misses": 2}}
+machines: list[tuple[str, Path, bool]] = []  # each run's (log name, caches, a new machine)
 
 
 def run_main(monkeypatch, tmp_path, *argv) -> list[tuple[str, list[str]]]:
     """bench/startup.py's main with ``argv``, its runs recorded instead of started."""
     calls = []
+    machines.clear()
 
-    def run(cmd, cache, log):
+    def run(cmd, cache, log, new_machine=False):
         calls.append((log.stem, cmd))
+        machines.append((log.stem, cache, new_machine))
         return SUMMARY
 
     def run_compile(cmd, cache, log):
@@ -50,12 +53,21 @@ def test_every_start_by_default(monkeypatch, tmp_path):
         "t-cold",
         "t-warm",
         "t-resumed",
+        "t-resumed-again",
         "t-compile",
         "t-after-compile",
     ]
     assert all("--compile-mode" in cmd for _, cmd in calls)
+    # the resumes: the warm run's folder, each on a machine of its own with empty caches
+    warm = calls[1][1]
+    for _, cmd in calls[2:4]:
+        assert cmd[: len(warm)] == warm and "--resume" in cmd
+    (_, a, _), (_, a2, _), (_, b, new_b), (_, c, new_c) = machines[:4]
+    assert a == a2 and len({a, b, c}) == 3 and new_b and new_c
+    assert [m[2] for m in machines[:2]] == [False, False]
     table = (tmp_path / "startup.md").read_text()
     assert "| t | warm | 12.5 | imports 8.0, model 3.0, first step 1.5 |" in table
+    assert "| t | resumed again, new machine | 12.5 |" in table
     assert "FX 2/2, AOT 1/1, trace 1/1 | 8,900 |" in table
     assert "| t | compile (to its exit) | 30.0 | inductor codegen 20.0 | FX 0/2 |" in table
 
@@ -94,3 +106,12 @@ def test_a_row_names_the_step_that_tuned_later():
 def test_a_failed_run_is_a_row(monkeypatch):
     assert "failed (exit 1)" in startup.row("t", "cold", {"exit": 1})
     assert "failed (exit 2)" in startup.compile_row("t", {"exit": 2})
+
+
+def test_a_new_machine_has_a_cuda_jit_cache_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_CACHE_PATH", "/the/machines/own")
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
+    assert startup.cache_env(tmp_path)["CUDA_CACHE_PATH"] == "/the/machines/own"
+    env = startup.cache_env(tmp_path, new_machine=True)
+    assert env["CUDA_CACHE_PATH"] == str(tmp_path / "cuda-jit") and "CUDA_CACHE_DISABLE" not in env
+    assert env["FASTTRAIN_CACHE"] == str(tmp_path)
