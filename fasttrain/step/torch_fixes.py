@@ -1,11 +1,13 @@
-"""Backports of upstream torch fixes that fasttrain's defaults depend on. Each is applied only where
-the installed torch still has the bug, judged from the code it runs, not from a version number."""
+"""Fixes for torch and Triton bugs that fasttrain's defaults depend on, upstream's where there is
+one. Each is applied only where the installed torch or Triton still has the bug, judged from the
+code it runs, not from a version number."""
 
 from __future__ import annotations
 
 import inspect
 import logging
 import os
+import pickle
 from typing import Any
 
 log = logging.getLogger("fasttrain")
@@ -60,6 +62,43 @@ def keep_coordinate_descent_results() -> bool:
     recheck_autotune_cache.fasttrain_fix = True  # type: ignore[attr-defined]
     th.CachingAutotuner.recheck_autotune_cache = recheck_autotune_cache
     log.debug("torch fix applied: warm starts keep coordinate-descent results (#172819)")
+    return True
+
+
+def keep_coordinate_descent_mark_in_copies() -> bool:
+    """Keep the mark that coordinate descent found a Triton config when the config is pickled or
+    copied, so that a kernel compiled in one of inductor's compile workers is not tuned again.
+
+    Inductor marks a config read from its autotune cache as coordinate descent's result
+    (``found_by_coordesc``, an attribute Triton's ``Config`` does not declare), and its first
+    call tunes any kernel whose config lacks the mark. Triton's ``Config.__setstate__`` (3.6 to
+    3.8 at least) restores only its own fields. So a warm kernel that inductor compiles in a
+    worker, rather than loading it with its compiled variants (the usual warm path, which
+    ``keep_coordinate_descent_results`` covers), comes back to the training process without
+    the mark and is tuned again from its cached best config: minutes for ResNet-50. This wraps
+    ``Config.__setstate__`` to restore the mark. Applied only where a pickled config loses it;
+    returns whether it was applied."""
+    try:
+        import triton
+    except ImportError:  # no Triton: no kernels to tune
+        return False
+    config_cls = triton.Config
+    original = config_cls.__dict__.get("__setstate__")
+    if original is None or getattr(original, "fasttrain_fix", False):
+        return False
+    probe = config_cls({})
+    probe.found_by_coordesc = True
+    if getattr(pickle.loads(pickle.dumps(probe)), "found_by_coordesc", False):
+        return False
+
+    def __setstate__(self: Any, state: Any) -> None:
+        original(self, state)
+        if isinstance(state, dict) and state.get("found_by_coordesc"):
+            self.found_by_coordesc = True
+
+    __setstate__.fasttrain_fix = True  # type: ignore[attr-defined]
+    config_cls.__setstate__ = __setstate__
+    log.debug("torch fix applied: Triton configs keep coordinate descent's mark when copied")
     return True
 
 

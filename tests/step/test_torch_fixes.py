@@ -1,6 +1,10 @@
-"""The backport of torch's warm-start fix for coordinate-descent tuning (pytorch/pytorch#172819),
-against a stand-in for torch 2.11's method: the test machine's torch already has the fix."""
+"""The warm-start fixes for coordinate-descent tuning: the backport of pytorch/pytorch#172819,
+against a stand-in for torch 2.11's method (the test machine's torch already has the fix), and
+Triton configs that keep coordinate descent's mark through a pickle (Triton's own ``Config``);
+and the ``ptxas`` shared with inductor's compile workers."""
 
+import copy
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -91,6 +95,59 @@ def test_a_torch_with_the_fix_is_left_alone(monkeypatch):
     monkeypatch.setattr(th.CachingAutotuner, "recheck_autotune_cache", fixed)
     assert not torch_fixes.keep_coordinate_descent_results()
     assert th.CachingAutotuner.recheck_autotune_cache is fixed
+
+
+class LosesTheMark:
+    """A config whose ``__setstate__`` restores its own fields only, as Triton's does."""
+
+    def __init__(self, kwargs):
+        self.kwargs = kwargs
+
+    def __setstate__(self, state):
+        self.kwargs = state.get("kwargs", {})
+
+
+class KeepsTheMark:
+    """A config that pickles with its whole ``__dict__`` (no ``__setstate__``)."""
+
+    def __init__(self, kwargs):
+        self.kwargs = kwargs
+
+
+def round_trips(config_cls):
+    """What a compile worker's result and a copy of a kernel do to a marked config."""
+    c = config_cls({"XBLOCK": 64})
+    c.found_by_coordesc = True
+    sent = pickle.loads(pickle.dumps(SimpleNamespace(config=c))).config  # a worker's result
+    return sent, copy.deepcopy(c)
+
+
+def test_a_pickled_or_copied_config_keeps_coordinate_descent_s_mark(monkeypatch):
+    monkeypatch.setattr(triton, "Config", LosesTheMark)
+    monkeypatch.setattr(LosesTheMark, "__setstate__", LosesTheMark.__setstate__)  # restored
+    assert not any(getattr(c, "found_by_coordesc", False) for c in round_trips(LosesTheMark))
+    assert torch_fixes.keep_coordinate_descent_mark_in_copies()
+    assert not torch_fixes.keep_coordinate_descent_mark_in_copies()  # once only
+    for c in round_trips(LosesTheMark):
+        assert c.found_by_coordesc is True and c.kwargs == {"XBLOCK": 64}
+    unmarked = pickle.loads(pickle.dumps(LosesTheMark({"XBLOCK": 8})))
+    assert not hasattr(unmarked, "found_by_coordesc")  # nothing added where nothing was
+
+
+def test_a_config_that_keeps_the_mark_is_left_alone(monkeypatch):
+    monkeypatch.setattr(triton, "Config", KeepsTheMark)
+    assert not torch_fixes.keep_coordinate_descent_mark_in_copies()
+    assert "__setstate__" not in KeepsTheMark.__dict__
+
+
+def test_triton_s_config_keeps_the_mark_once_fixed(monkeypatch):
+    """Triton's own ``Config``, as inductor's workers send it back."""
+    cls = triton.Config
+    if "__setstate__" in cls.__dict__:  # else its pickles keep every attribute
+        monkeypatch.setattr(cls, "__setstate__", cls.__dict__["__setstate__"])  # restored
+    torch_fixes.keep_coordinate_descent_mark_in_copies()
+    for c in round_trips(lambda kwargs: cls(kwargs, num_warps=8)):
+        assert c.found_by_coordesc is True and c.num_warps == 8
 
 
 @pytest.fixture
