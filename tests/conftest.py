@@ -221,3 +221,23 @@ def randn_nhwc(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
     return torch.randn(*shape, generator=g, dtype=dtype).contiguous(
         memory_format=torch.channels_last
     )
+
+
+def start_as_compiled(monkeypatch, start_conv_warmup, before_resolve) -> None:
+    """A run's start wired as a compiled one asks for cuDNN's convolutions ahead (compiling here
+    would take a minute), with ``start_conv_warmup`` standing in for the thread's start and
+    ``before_resolve()`` called as the settings' resolution begins."""
+    from fasttrain.commands import train as train_command
+    from fasttrain.run import build as build_module
+    from fasttrain.run import setup
+
+    def resolve(*args, **kwargs):
+        before_resolve()
+        return real_resolve(*args, **kwargs)
+
+    real_resolve, real_build = train_command.resolve, setup.build
+    monkeypatch.setattr(train_command, "resolve", resolve)
+    monkeypatch.setattr(build_module, "start_conv_warmup", start_conv_warmup)
+    monkeypatch.setattr(
+        setup, "build", lambda *a, **k: real_build(*a, **{**k, "warm_up_convs": True})
+    )

@@ -18,6 +18,8 @@ from fasttrain.config.paths import cache_dir
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.metrics.startup import Startup
+from fasttrain.run.compile_cache import compile_root
+from fasttrain.run.jit_kept import places, restore
 from fasttrain.run.resolve import resolve
 from fasttrain.run.runs import place_run
 from fasttrain.step.conv_warmup import jit_cache_empty
@@ -27,8 +29,13 @@ def main(argv: Sequence[str], t_start: float) -> int:
     """Train (or evaluate) as ``argv`` says; ``t_start``: when the program started, for the
     start-up time it reports."""
     # before anything of CUDA's, which can put kernels into an empty JIT cache (conv_warmup)
-    startup = Startup(t_start, jit_cache_empty=jit_cache_empty(os.environ))
+    empty = jit_cache_empty(os.environ)
     cfg, notes = parse_args(argv, cuda_available=torch.cuda.is_available())
+    # a machine whose JIT cache is empty takes the one the run or the compile cache kept
+    restored = restore_jit_cache(cfg) if empty else None
+    if restored is not None:
+        notes.append(f"CUDA's JIT cache: this machine's was empty, so it starts with {restored}")
+    startup = Startup(t_start, jit_cache_empty=empty and restored is None)
     dist = DistState.from_env(cfg.train.device, cfg.train.dist_timeout)
     startup.mark("imports, flags and the process group")
     run_log: Path | None = None  # known once the config is resolved
@@ -59,6 +66,16 @@ def main(argv: Sequence[str], t_start: float) -> int:
     except Exception:
         return unexpected_failure(run_log)
     return 0
+
+
+def restore_jit_cache(cfg: Config) -> Path | None:
+    """Put back CUDA's JIT cache kept by the run's folder (``--output-dir``, or the folder of
+    ``--resume``'s checkpoint) or the compile caches' directory (``run/jit_kept.py``), for a
+    machine whose own was empty at the process's start; the kept file it used, or None."""
+    run_dir = cfg.run.output_dir
+    if cfg.run.resume not in (None, "auto"):
+        run_dir = str(Path(cfg.run.resume).parent)
+    return restore(places(run_dir, compile_root(cfg)), os.environ)
 
 
 def use_sample_set(cfg: Config, dist: DistState) -> float:

@@ -31,10 +31,11 @@
   ``<key>.triton.tar.gz`` holds the Triton kernels the step's launchers run, which torch's
   artifacts lack once coordinate descent has tuned them (``run/kernels_kept.py``). Both are
   saved again after ``--tune-kernels later``'s tuning step, whose results torch's compile
-  records do not count. The key holds
-  torch's, Triton's and cuDNN's versions, the GPU and every setting that shapes the compiled
-  step, so any change misses cleanly (a new file); inductor's own keys still guard every entry
-  inside.
+  records do not count. CUDA's JIT cache, where small, is kept in the run's folder and in the
+  caches' directory, and put back where a machine's own is empty (``run/jit_kept.py``). The
+  key holds torch's, Triton's and cuDNN's versions, the GPU and every setting that shapes the
+  compiled step, so any change misses cleanly (a new file); inductor's own keys still guard
+  every entry inside.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from fasttrain.config.paths import cache_dir
 from fasttrain.files import write_whole
 from fasttrain.metrics.startup import compile_totals
 from fasttrain.model.cudnn.plans_kept import keep_plans
+from fasttrain.run.jit_kept import JitKept, places
 from fasttrain.run.kernels_kept import launched_kernels, pack, triton_dir, unpack
 
 log = logging.getLogger("fasttrain")
@@ -95,12 +97,17 @@ def configure_compile_caches(cfg: Config, world_size: int) -> Path | None:
 def inductor_dir(cfg: Config, world_size: int) -> Path | None:
     """Inductor's cache directory for this run's key (module notes), or None for inductor's own
     default (no directory given, no ``$FASTTRAIN_CACHE`` and no trace kept)."""
-    given = cfg.train.compile_cache
-    managed = given is not None or "FASTTRAIN_CACHE" in os.environ
+    managed = cfg.train.compile_cache is not None or "FASTTRAIN_CACHE" in os.environ
     if not (managed or trace_cache_applies(cfg, world_size)):
         return None
-    root = Path(given).expanduser() if given else cache_dir() / "compile"
-    return root / key(cfg, world_size)
+    return compile_root(cfg) / key(cfg, world_size)
+
+
+def compile_root(cfg: Config) -> Path:
+    """The compile caches' directory where fasttrain places them: ``--compile-cache``, else
+    ``$FASTTRAIN_CACHE/compile`` or ``~/.cache/fasttrain/compile``."""
+    given = cfg.train.compile_cache
+    return Path(given).expanduser() if given else cache_dir() / "compile"
 
 
 def trace_cache_applies(cfg: Config, world_size: int) -> bool:
@@ -178,6 +185,9 @@ class Artifacts:
         self.saved_after: dict[str, float] | None = None  # torch's compile records then
         self.kernels_seen: set[str] | None = None  # the launchers' kernels then
         self.kernels_saved: set[str] = set()
+        # CUDA's JIT cache, in the run's folder and the compile caches' directory (jit_kept.py)
+        root = compile_root(cfg) if where is not None else None
+        self.jit = JitKept(places(run_dir, root), os.environ, is_main)
 
     def load(self) -> bool:
         """Fill the compile caches from the folder's artifacts, if there are any for this key:
@@ -214,6 +224,7 @@ class Artifacts:
         checkpoint)."""
         if not (self.enabled and self.is_main):
             return
+        self.jit.save()  # cuDNN's kernels the driver compiled, grown or not with the rest
         compiled = compile_totals()
         kernels = launched_kernels()  # tuning changes these, and compiles nothing torch records
         if compiled == self.saved_after and kernels == self.kernels_seen:

@@ -271,13 +271,21 @@ def jit_cache_empty(env: Mapping[str, str]) -> bool:
     """Whether CUDA's JIT cache (``$CUDA_CACHE_PATH``, else ``~/.nv/ComputeCache``) is missing,
     empty or turned off (``CUDA_CACHE_DISABLE=1``): a machine whose driver has compiled none of
     cuDNN's kernels for this GPU yet. One that holds other programs' kernels counts as full."""
-    if env.get("CUDA_CACHE_DISABLE") == "1":
+    path = jit_cache_path(env)
+    if path is None:
         return True
-    path = Path(env.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
     try:
-        return not any(path.expanduser().iterdir())
+        return not any(path.iterdir())
     except OSError:  # not there yet
         return True
+
+
+def jit_cache_path(env: Mapping[str, str]) -> Path | None:
+    """Where CUDA's JIT cache is (``$CUDA_CACHE_PATH``, else ``~/.nv/ComputeCache``); None where
+    it is turned off (``CUDA_CACHE_DISABLE=1``)."""
+    if env.get("CUDA_CACHE_DISABLE") == "1":
+        return None
+    return Path(env.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache").expanduser()
 
 
 def trace_loaded() -> bool:

@@ -12,7 +12,7 @@ import torchvision
 from fasttrain.model.fused_resnet import FusedResNet
 from fasttrain.step import conv_warmup
 from fasttrain.step.conv_warmup import ConvWarmup, Spec, record
-from tests.conftest import FAST
+from tests.conftest import FAST, start_as_compiled
 
 
 def nhwc_example(n: int, size: int, dtype=torch.float32) -> Spec:
@@ -185,9 +185,7 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
     CUDA's JIT cache was empty where it was so at the process's start, though something before
     the model's build filled it since (here the settings' resolution, standing in for the
     process's own CUDA work on a GPU); asked before the first step, not after."""
-    from fasttrain.commands import train as train_command
     from fasttrain.run import build as build_module
-    from fasttrain.run import setup
 
     events = []
     jit_cache = tmp_path / "jit-cache"  # a new machine's: not there yet
@@ -202,24 +200,17 @@ def test_a_run_starts_it_at_the_models_build_and_asks_before_its_first_step_only
         events.append(("started", shape, fresh_jit_cache))  # ...and judged as it was then
         return StandIn()
 
-    def resolve(*args, **kwargs):
+    def fill_the_jit_cache():
         jit_cache.mkdir()
         (jit_cache / "index").write_bytes(b"a kernel compiled for this GPU")
-        return real_resolve(*args, **kwargs)
 
     def build_step(**kwargs):
         events.append("step built")
         return real_build_step(**kwargs)
 
-    real_build, real_build_step = setup.build, build_module.build_step
-    real_resolve = train_command.resolve
-    monkeypatch.setattr(train_command, "resolve", resolve)
-    monkeypatch.setattr(build_module, "start_conv_warmup", start)
+    real_build_step = build_module.build_step
     monkeypatch.setattr(build_module, "build_step", build_step)
-    # as a compiled run asks (compiling here would take a minute)
-    monkeypatch.setattr(
-        setup, "build", lambda *a, **k: real_build(*a, **{**k, "warm_up_convs": True})
-    )
+    start_as_compiled(monkeypatch, start, fill_the_jit_cache)
     code, err = run("--data", tiny_data, *FAST, "--max-steps", "3", "--eval-every", "0",
                     "--output-dir", tmp_path / "run")  # fmt: skip
     assert code == 0, err
