@@ -6,8 +6,8 @@ Each variant runs three times in a row, each run a fresh process:
 - **cold**: empty caches (a directory of its own for inductor, Triton and fasttrain's caches);
 - **warm**: the same command again, its caches filled;
 - **resumed, new machine**: the warm run's folder resumed (``--resume auto``) with empty caches
-  again, CUDA's JIT cache included, so only what the run folder kept (its compile artifacts
-  and kernels) is there;
+  again, CUDA's JIT cache included, so only what the run folder kept (its compile artifacts,
+  Triton kernels and CUDA's JIT cache) is there;
 - **resumed again, new machine**: the same folder resumed once more on another such machine,
   from what the first resume left in it;
 - **compile**: ``python -m fasttrain compile`` with the same flags into empty caches (its own
