@@ -104,6 +104,12 @@ def row(label: str, start: str, s: dict) -> str:
         caches += f", AOT {aot['hit']}/{aot['hit'] + aot['miss'] + aot['bypass']}"
     if traces:
         caches += f", trace {traces['hit']}/{sum(traces.values())}"
+    kernels = r.get("triton_kernels", {})
+    if sum(kernels.values()):  # loaded compiled / compiled / coordinate descent's benchmarks
+        caches += (
+            f", kernels {kernels['loaded']} loaded, {kernels['compiled']} compiled, "
+            f"{kernels['tuning_benchmarks']} tuning runs"
+        )
     rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""
     if "late_tuning" in s:  # --tune-kernels later: the step that tuned
         late = s["late_tuning"]

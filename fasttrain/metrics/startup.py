@@ -60,6 +60,15 @@ def compile_totals() -> dict[str, float]:
     traces = counters["dynamo_cache"]  # dynamo's own (caching precompile): a hit traces nothing
     for name in ("hit", "miss", "error"):
         out[f"trace_cache_{name}"] = float(traces.get(f"dynamo_cache_{name}", 0))
+    # Triton's kernels: loaded with their compiled variants (a cache entry's), compiled (each
+    # call of inductor's ``async_compile.triton`` counts a miss, and a hit where one was loaded),
+    # and coordinate descent's benchmarks: a warm start that compiles or tunes is told apart
+    ind = counters["inductor"]
+    out["kernels_loaded"] = float(ind.get("triton_bundler_load_static_autotuner", 0))
+    out["kernels_compiled"] = float(
+        ind.get("async_compile_cache_miss", 0) - ind.get("async_compile_cache_hit", 0)
+    )
+    out["tuning_benchmarks"] = float(ind.get("coordesc_tuning_bench", 0))
     for m in get_compilation_metrics():
         known = {f.name for f in fields(m)}
         values = asdict(m)
@@ -150,6 +159,14 @@ class Startup:
             "fx_graph_cache": fx_cache_counts(self.compile_before, totals),
             "aot_autograd_cache": {k: new(f"aot_cache_{k}") for k in ("hit", "miss", "bypass")},
             "trace_cache": {k: new(f"trace_cache_{k}") for k in ("hit", "miss", "error")},
+            "triton_kernels": {
+                k: new(name)
+                for k, name in (
+                    ("loaded", "kernels_loaded"),
+                    ("compiled", "kernels_compiled"),
+                    ("tuning_benchmarks", "tuning_benchmarks"),
+                )
+            },
         }
 
 
@@ -167,9 +184,16 @@ def describe(report: dict[str, Any]) -> str:
     hits = report.get("trace_cache", {}).get("hit", 0)
     loaded = f"; dynamo's trace loaded from the cache ({hits})" if hits else ""
     graphs = graphs if sum(cache.values()) else ""
+    kernels = report.get("triton_kernels", {})
+    kernels = (
+        f"; Triton kernels: {kernels['loaded']} loaded compiled, {kernels['compiled']} "
+        f"compiled, {kernels['tuning_benchmarks']} tuning benchmarks"
+        if sum(kernels.values())
+        else ""
+    )
     ahead = report.get("tuning_candidates_ahead", 0)
     ahead = f"; {ahead} tuning candidates sent to inductor's workers to compile" if ahead else ""
-    return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}{ahead}"
+    return f"start-up {report['total_s']:.1f} s: {shown}{graphs}{loaded}{kernels}{ahead}"
 
 
 # (phase, path fragments of a frame's file, function-name fragments or None for any), most
