@@ -11,6 +11,7 @@ the compile cache's directory (``cuda-jit/<machine>.tar.gz``) after its first st
 has grown; and a start whose machine's JIT cache is empty puts one back before any CUDA work,
 whole or not at all. ``<machine>`` is the NVIDIA driver's version and the GPUs' models: the
 driver checks each entry itself, and a cache from another driver would only miss.
+``FASTTRAIN_JIT_KEPT=0`` turns both off.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ log = logging.getLogger("fasttrain")
 
 CAP = 64 * 2**20  # a cache larger than this (other programs' kernels too) is not kept
 DRIVER = Path("/proc/driver/nvidia")
+OFF = "FASTTRAIN_JIT_KEPT"  # "0": neither kept nor put back
 
 
 def machine_key(driver: Path) -> str | None:
@@ -126,7 +128,7 @@ def restore(kept: list[Path], env: Mapping[str, str]) -> Path | None:
     """Make the machine's JIT cache, which the caller found empty at the process's start, the
     first kept one found in ``kept``; the one it used, or None. Call it before any CUDA work."""
     cache = jit_cache_path(env)
-    if cache is None:
+    if cache is None or env.get(OFF) == "0":
         return None
     for place in kept:
         if not place.is_file():
@@ -146,7 +148,7 @@ class JitKept:
     grown since the last save and is no larger than ``CAP``."""
 
     def __init__(self, kept: list[Path], env: Mapping[str, str], is_main: bool):
-        self.kept = kept
+        self.kept = kept if env.get(OFF) != "0" else []
         self.cache = jit_cache_path(env)
         self.is_main = is_main
         self.saved: tuple[int, int] | None = None

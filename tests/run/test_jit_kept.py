@@ -111,6 +111,11 @@ def test_a_start_takes_the_run_s_cache_first_then_the_compile_cache_s(tmp_path, 
     assert contents(tmp_path / "jit") == files
     assert not conv_warmup.jit_cache_empty(env)
     assert restore(kept, {"CUDA_CACHE_DISABLE": "1"}) is None
+    assert (
+        restore(kept, {"CUDA_CACHE_PATH": str(tmp_path / "jit2"), "FASTTRAIN_JIT_KEPT": "0"})
+        is None
+    )
+    assert not (tmp_path / "jit2").exists()
 
 
 def test_the_main_process_keeps_the_cache_when_it_grew(tmp_path):
@@ -120,6 +125,7 @@ def test_the_main_process_keeps_the_cache_when_it_grew(tmp_path):
     assert not any(p.exists() for p in kept)
     files = a_jit_cache(tmp_path / "jit")
     JitKept(kept, env, is_main=False).save()
+    JitKept(kept, {**env, "FASTTRAIN_JIT_KEPT": "0"}, is_main=True).save()
     assert not any(p.exists() for p in kept)
     keeper = JitKept(kept, env, is_main=True)
     keeper.save()
