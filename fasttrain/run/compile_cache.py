@@ -177,7 +177,8 @@ class Artifacts:
         self.path = folder / f"{key(cfg, world_size)}.bin" if folder else None
         # the Triton kernels the step's launchers run (``kernels_kept.py``)
         self.kernels = folder / f"{key(cfg, world_size)}{KERNELS}" if folder else None
-        where = inductor_dir(cfg, world_size) if trace_cache_applies(cfg, world_size) else None
+        managed = inductor_dir(cfg, world_size)  # None: inductor's own default
+        where = managed if trace_cache_applies(cfg, world_size) else None
         self.shared = where / SHARED if where is not None else None
         self.enabled = cfg.train.compile
         self.is_main = is_main
@@ -185,8 +186,9 @@ class Artifacts:
         self.saved_after: dict[str, float] | None = None  # torch's compile records then
         self.kernels_seen: set[str] | None = None  # the launchers' kernels then
         self.kernels_saved: set[str] = set()
-        # CUDA's JIT cache, in the run's folder and the compile caches' directory (jit_kept.py)
-        root = compile_root(cfg) if where is not None else None
+        # CUDA's JIT cache, in the run's folder and the compile caches' directory (jit_kept.py),
+        # for every job that places its caches there, DDP's included
+        root = compile_root(cfg) if managed is not None else None
         self.jit = JitKept(places(run_dir, root), os.environ, is_main)
 
     def load(self) -> bool:

@@ -184,7 +184,9 @@ def test_a_compiled_run_s_saves_keep_the_cache_in_its_folder_and_the_compile_cac
     files = a_jit_cache(tmp_path / "jit")
     argv = ["--data", "/d", "--compile", "--compile-cache", str(tmp_path / "compile")]
     cfg = parse_args(argv, cuda_available=False)[0]
-    compile_cache.Artifacts(tmp_path / "run", cfg, 1, is_main=True).save()
-    kept = places(tmp_path / "run", tmp_path / "compile")
-    for place in kept:
-        assert unpack(place.read_bytes(), tmp_path / place.name) == len(files)
+    for world_size in (1, 2):  # a DDP job keeps no trace, and keeps the JIT cache all the same
+        for place in places(tmp_path / "run", tmp_path / "compile"):
+            place.unlink(missing_ok=True)
+        compile_cache.Artifacts(tmp_path / "run", cfg, world_size, is_main=True).save()
+        for place in places(tmp_path / "run", tmp_path / "compile"):
+            assert unpack(place.read_bytes(), tmp_path / f"{place.name}{world_size}") == len(files)
