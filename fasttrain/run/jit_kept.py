@@ -9,8 +9,8 @@ of a job that shares its compile cache. So the main process keeps the machine's 
 it is small (``CAP``), in the run's folder (``compile-cache/cuda-jit-<machine>.tar.gz``) and in
 the compile cache's directory (``cuda-jit/<machine>.tar.gz``) after its first step, again when it
 has grown; and a start whose machine's JIT cache is empty puts one back before any CUDA work,
-whole or not at all. ``<machine>`` is the NVIDIA driver's version and the GPUs' models: the
-driver checks each entry itself, and a cache from another driver would only miss.
+whole or not at all. ``<machine>`` is the NVIDIA driver's version and the GPUs' models, so a
+copy never meets another driver (CUDA invalidates its JIT cache when the driver changes).
 ``FASTTRAIN_JIT_KEPT=0`` turns both off.
 """
 
