@@ -156,15 +156,15 @@ class JitKept:
     def save(self) -> None:
         if not (self.is_main and self.kept and self.cache is not None):
             return
-        now = signature(self.cache)
-        if now == self.saved or now[0] == 0:
-            return
-        self.saved = now
-        try:
+        try:  # the driver may write or remove files meanwhile: a failure only skips this save
+            now = signature(self.cache)
+            if now == self.saved or now[0] == 0:
+                return
             data = pack(self.cache)
-        except OSError as e:
+        except (OSError, tarfile.TarError) as e:
             log.debug("CUDA's JIT cache not kept: %s", e)
             return
+        self.saved = now
         if data is None:
             log.debug("CUDA's JIT cache not kept: more than %d MB", CAP // 2**20)
             return

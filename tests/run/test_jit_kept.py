@@ -190,3 +190,25 @@ def test_a_compiled_run_s_saves_keep_the_cache_in_its_folder_and_the_compile_cac
         compile_cache.Artifacts(tmp_path / "run", cfg, world_size, is_main=True).save()
         for place in places(tmp_path / "run", tmp_path / "compile"):
             assert unpack(place.read_bytes(), tmp_path / f"{place.name}{world_size}") == len(files)
+
+
+def test_a_cache_that_changes_while_it_is_read_skips_a_save_and_is_kept_later(
+    tmp_path, monkeypatch
+):
+    """The driver writes its cache beside the run: a file gone between the listing and its
+    read fails that save only, not the run, and the next save keeps the cache."""
+    kept = places(tmp_path / "run", None, driver(tmp_path / "proc"))
+    env = {"CUDA_CACHE_PATH": str(tmp_path / "jit")}
+    files = a_jit_cache(tmp_path / "jit")
+    keeper = JitKept(kept, env, is_main=True)
+    real_pack = jit_kept.pack
+
+    def vanished(cache, cap=jit_kept.CAP):
+        raise FileNotFoundError(cache / "3" / "a1")
+
+    monkeypatch.setattr(jit_kept, "pack", vanished)
+    keeper.save()
+    assert not kept[0].exists()
+    monkeypatch.setattr(jit_kept, "pack", real_pack)
+    keeper.save()
+    assert unpack(kept[0].read_bytes(), tmp_path / "copy") == len(files)
