@@ -18,7 +18,7 @@ from fasttrain.config.paths import cache_dir
 from fasttrain.dist.state import DistState
 from fasttrain.errors import UserError
 from fasttrain.metrics.startup import Startup
-from fasttrain.run.compile_cache import compile_root
+from fasttrain.run.compile_cache import FOLDER, compile_root
 from fasttrain.run.jit_kept import places, restore
 from fasttrain.run.resolve import resolve
 from fasttrain.run.runs import place_run
@@ -75,7 +75,8 @@ def restore_jit_cache(cfg: Config) -> Path | None:
     run_dir = cfg.run.output_dir
     if cfg.run.resume not in (None, "auto"):
         run_dir = str(Path(cfg.run.resume).parent)
-    return restore(places(run_dir, compile_root(cfg)), os.environ)
+    run_kept = Path(run_dir) / FOLDER if run_dir is not None else None
+    return restore(places(run_kept, compile_root(cfg)), os.environ)
 
 
 def use_sample_set(cfg: Config, dist: DistState) -> float:

@@ -189,7 +189,7 @@ class Artifacts:
         # CUDA's JIT cache, in the run's folder and the compile caches' directory (jit_kept.py),
         # for every job that places its caches there, DDP's included
         root = compile_root(cfg) if managed is not None else None
-        self.jit = JitKept(places(run_dir, root), os.environ, is_main)
+        self.jit = JitKept(places(folder, root), os.environ, is_main)
 
     def load(self) -> bool:
         """Fill the compile caches from the folder's artifacts, if there are any for this key:

@@ -49,21 +49,23 @@ def machine_key(driver: Path) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def signature(cache: Path) -> tuple[int, int]:
-    """The number of files under ``cache`` and their total size: what tells that it grew."""
-    files = [p for p in cache.rglob("*") if p.is_file()] if cache.is_dir() else []
-    return len(files), sum(p.stat().st_size for p in files)
+def listing(cache: Path) -> list[tuple[Path, int]]:
+    """The files under ``cache``, sorted, with their sizes: their count and total tell that it
+    grew, and ``pack`` writes them."""
+    if not cache.is_dir():
+        return []
+    return [(p, p.stat().st_size) for p in sorted(cache.rglob("*")) if p.is_file()]
 
 
-def pack(cache: Path, cap: int = CAP) -> bytes | None:
-    """The files under ``cache``, as one gzipped tar; None where there are none or they come to
-    more than ``cap`` bytes."""
-    files = sorted(p for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else []
-    if not files or sum(p.stat().st_size for p in files) > cap:
+def pack(cache: Path, cap: int = CAP, files: list[tuple[Path, int]] | None = None) -> bytes | None:
+    """The files under ``cache`` (``files``: its ``listing``, if already read), as one gzipped
+    tar; None where there are none or they come to more than ``cap`` bytes."""
+    files = listing(cache) if files is None else files
+    if not files or sum(size for _, size in files) > cap:
         return None
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        for file in files:
+        for file, _ in files:
             tar.add(file, arcname=file.relative_to(cache).as_posix(), recursive=False)
     return buffer.getvalue()
 
@@ -108,17 +110,18 @@ def unpack(data: bytes, cache: Path) -> int:
 
 
 def places(
-    run_dir: Path | str | None, compile_root: Path | None, driver: Path | None = None
+    run_kept: Path | None, compile_root: Path | None, driver: Path | None = None
 ) -> list[Path]:
-    """Where the JIT cache is kept for this machine (module notes): the run's folder first, then
-    the compile cache's directory; none without NVIDIA's driver (``driver``: its ``/proc``
-    folder, ``DRIVER``)."""
+    """Where the JIT cache is kept for this machine (module notes): the run's folder first
+    (``run_kept``: its folder of compile artifacts, ``compile_cache.FOLDER``), then the compile
+    cache's directory; none without NVIDIA's driver (``driver``: its ``/proc`` folder,
+    ``DRIVER``)."""
     machine = machine_key(driver or DRIVER)
     if machine is None:
         return []
     found = []
-    if run_dir is not None:
-        found.append(Path(run_dir) / "compile-cache" / f"cuda-jit-{machine}.tar.gz")
+    if run_kept is not None:
+        found.append(run_kept / f"cuda-jit-{machine}.tar.gz")
     if compile_root is not None:
         found.append(compile_root / "cuda-jit" / f"{machine}.tar.gz")
     return found
@@ -157,10 +160,11 @@ class JitKept:
         if not (self.is_main and self.kept and self.cache is not None):
             return
         try:  # the driver may write or remove files meanwhile: a failure only skips this save
-            now = signature(self.cache)
-            if now == self.saved or now[0] == 0:
+            files = listing(self.cache)
+            now = (len(files), sum(size for _, size in files))
+            if now == self.saved or not files:
                 return
-            data = pack(self.cache)
+            data = pack(self.cache, files=files)
         except (OSError, tarfile.TarError) as e:
             log.debug("CUDA's JIT cache not kept: %s", e)
             return

@@ -45,7 +45,7 @@ def test_the_machine_key_follows_the_driver_and_the_gpus(tmp_path):
     assert machine_key(driver(tmp_path / "c", version="580.200.01")) != h100
     assert machine_key(driver(tmp_path / "d", models=("NVIDIA H200",))) != h100
     assert machine_key(tmp_path / "no-driver") is None
-    assert places("run", Path("cache"), tmp_path / "no-driver") == []
+    assert places(Path("run"), Path("cache"), tmp_path / "no-driver") == []
 
 
 def test_a_packed_cache_becomes_a_missing_or_empty_one_whole(tmp_path):
@@ -95,7 +95,7 @@ def test_members_outside_the_cache_or_not_plain_files_are_refused(tmp_path, name
 
 def test_a_start_takes_the_run_s_cache_first_then_the_compile_cache_s(tmp_path, caplog):
     proc = driver(tmp_path / "proc")
-    kept = places(tmp_path / "run", tmp_path / "compile", proc)
+    kept = places(tmp_path / "run" / "compile-cache", tmp_path / "compile", proc)
     assert [p.parent for p in kept] == [tmp_path / "run" / "compile-cache",
                                         tmp_path / "compile" / "cuda-jit"]  # fmt: skip
     env = {"CUDA_CACHE_PATH": str(tmp_path / "jit")}
@@ -119,7 +119,8 @@ def test_a_start_takes_the_run_s_cache_first_then_the_compile_cache_s(tmp_path, 
 
 
 def test_the_main_process_keeps_the_cache_when_it_grew(tmp_path):
-    kept = places(tmp_path / "run", tmp_path / "compile", driver(tmp_path / "proc"))
+    proc = driver(tmp_path / "proc")
+    kept = places(tmp_path / "run" / "compile-cache", tmp_path / "compile", proc)
     env = {"CUDA_CACHE_PATH": str(tmp_path / "jit")}
     JitKept(kept, env, is_main=True).save()  # no cache yet: nothing to keep
     assert not any(p.exists() for p in kept)
@@ -150,7 +151,7 @@ def test_a_run_on_an_empty_machine_starts_with_its_folder_s_cache_before_any_cud
     monkeypatch.setenv("CUDA_CACHE_PATH", str(jit_cache))
     monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path / "cache"))
     files = a_jit_cache(tmp_path / "where-it-ran")
-    kept = places(tmp_path / "run", None)[0]
+    kept = places(tmp_path / "run" / "compile-cache", None)[0]
     kept.parent.mkdir(parents=True)
     kept.write_bytes(pack(tmp_path / "where-it-ran"))
     events = []
@@ -185,10 +186,10 @@ def test_a_compiled_run_s_saves_keep_the_cache_in_its_folder_and_the_compile_cac
     argv = ["--data", "/d", "--compile", "--compile-cache", str(tmp_path / "compile")]
     cfg = parse_args(argv, cuda_available=False)[0]
     for world_size in (1, 2):  # a DDP job keeps no trace, and keeps the JIT cache all the same
-        for place in places(tmp_path / "run", tmp_path / "compile"):
+        for place in places(tmp_path / "run" / "compile-cache", tmp_path / "compile"):
             place.unlink(missing_ok=True)
         compile_cache.Artifacts(tmp_path / "run", cfg, world_size, is_main=True).save()
-        for place in places(tmp_path / "run", tmp_path / "compile"):
+        for place in places(tmp_path / "run" / "compile-cache", tmp_path / "compile"):
             assert unpack(place.read_bytes(), tmp_path / f"{place.name}{world_size}") == len(files)
 
 
@@ -197,13 +198,13 @@ def test_a_cache_that_changes_while_it_is_read_skips_a_save_and_is_kept_later(
 ):
     """The driver writes its cache beside the run: a file gone between the listing and its
     read fails that save only, not the run, and the next save keeps the cache."""
-    kept = places(tmp_path / "run", None, driver(tmp_path / "proc"))
+    kept = places(tmp_path / "run" / "compile-cache", None, driver(tmp_path / "proc"))
     env = {"CUDA_CACHE_PATH": str(tmp_path / "jit")}
     files = a_jit_cache(tmp_path / "jit")
     keeper = JitKept(kept, env, is_main=True)
     real_pack = jit_kept.pack
 
-    def vanished(cache, cap=jit_kept.CAP):
+    def vanished(cache, cap=jit_kept.CAP, files=None):
         raise FileNotFoundError(cache / "3" / "a1")
 
     monkeypatch.setattr(jit_kept, "pack", vanished)
