@@ -13,6 +13,7 @@ import torch
 from fasttrain.errors import first_line
 from fasttrain.step.parallel_tuning import compile_tuning_candidates_ahead
 from fasttrain.step.torch_fixes import (
+    find_tuning_in_this_cache,
     keep_coordinate_descent_mark_in_copies,
     keep_coordinate_descent_results,
     share_ptxas_with_compile_workers,
@@ -23,12 +24,14 @@ log = logging.getLogger("fasttrain")
 
 def prepare_inductor() -> None:
     """Apply, once per process and where they apply: the warm-start fixes for coordinate
-    descent (``torch_fixes``: torch 2.11's lost mark on a loaded kernel, and Triton's on a
-    pickled config), one ``ptxas`` for this process and inductor's compile workers
-    (``torch_fixes``; before anything compiles), and the tuning's candidates compiled ahead in
-    those workers (``parallel_tuning``)."""
+    descent (``torch_fixes``: torch 2.11's lost mark on a loaded kernel, Triton's on a pickled
+    config, and a loaded kernel's tuned config looked up in this process's cache), one
+    ``ptxas`` for this process and inductor's compile workers (``torch_fixes``; before anything
+    compiles), and the tuning's candidates compiled ahead in those workers
+    (``parallel_tuning``)."""
     keep_coordinate_descent_results()  # torch 2.11's warm starts re-tune without it
     keep_coordinate_descent_mark_in_copies()  # else a worker's warm kernel is tuned again
+    find_tuning_in_this_cache()  # else a cache filled from elsewhere is tuned again
     share_ptxas_with_compile_workers()  # else no compile here hits the workers' kernels
     compile_tuning_candidates_ahead()  # the tuning's compiles in inductor's workers
 

@@ -4,6 +4,7 @@ code it runs, not from a version number."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -100,6 +101,66 @@ def keep_coordinate_descent_mark_in_copies() -> bool:
     config_cls.__setstate__ = __setstate__
     log.debug("torch fix applied: Triton configs keep coordinate descent's mark when copied")
     return True
+
+
+def find_tuning_in_this_cache() -> bool:
+    """Look a loaded Triton kernel's tuned config up in this process's inductor cache, not in
+    the cache of the process that compiled it.
+
+    Inductor loads a cached graph's kernels with their compiled variants as pickled
+    ``CachingAutotuner`` objects, whose ``filename`` is the kernel's source path in the
+    compiling process's cache. ``recheck_autotune_cache`` reads the tuned config beside that
+    path, and coordinate descent saves its result there (torch 2.11 to 2.14 at least). torch's
+    portable artifacts (``load_cache_artifacts``) put the tuned configs into this process's
+    cache, under the same two last path parts. So a start whose caches came from elsewhere (a
+    run's artifacts resumed on a new machine, a cache copied or mounted at another path) found
+    no tuned config, tuned every kernel again (minutes for ResNet-50) and saved the results
+    where no later start looked; on the machine that compiled, the old path still answered.
+    This points a kernel at this process's cache where the tuned config is there, or where
+    neither place has one (so that the tuning saves where the next start reads), before torch's
+    lookup. Returns whether it was applied (once per process)."""
+    try:
+        from torch._inductor.runtime import triton_heuristics as th
+        from torch._inductor.runtime.runtime_utils import cache_dir
+    except ImportError:  # a torch without inductor's Triton runtime: nothing to fix
+        return False
+    original = getattr(th.CachingAutotuner, "recheck_autotune_cache", None)
+    if original is None or getattr(original, "fasttrain_this_cache", False):
+        return False
+
+    @functools.wraps(original)
+    def recheck_autotune_cache(self: Any, reload_kernel_from_src: Any) -> None:
+        here = in_this_cache(self.filename, cache_dir())
+        if here is not None:
+            configs = [result.config for result in self.compile_results]
+            meta = self.inductor_meta
+            _, cache, info = th.check_autotune_cache(configs, here, meta)
+            if hit(info) or not hit(th.check_autotune_cache(configs, self.filename, meta)[2]):
+                self.filename = here
+                if cache is not None:  # coordinate descent's result saved here too
+                    self.save_cache_hook = cache.save
+        original(self, reload_kernel_from_src)
+
+    recheck_autotune_cache.fasttrain_this_cache = True  # type: ignore[attr-defined]
+    th.CachingAutotuner.recheck_autotune_cache = recheck_autotune_cache
+    log.debug("torch fix applied: loaded kernels find their tuning in this process's cache")
+    return True
+
+
+def in_this_cache(filename: str | None, root: str) -> str | None:
+    """Where a kernel's source at ``filename`` (``<cache>/<aa>/<hash>.py``) lies in the cache
+    at ``root``; None where it already lies there, or is unknown."""
+    if not filename:
+        return None
+    folder, name = os.path.split(os.path.abspath(filename))
+    if os.path.dirname(folder) == os.path.abspath(root):
+        return None
+    return os.path.join(os.path.abspath(root), os.path.basename(folder), name)
+
+
+def hit(info: Any) -> bool:
+    """Whether ``check_autotune_cache``'s information says it found a tuned config."""
+    return isinstance(info, dict) and info.get("autotune_cache_state") == "hit"
 
 
 def share_ptxas_with_compile_workers() -> bool:

@@ -189,3 +189,111 @@ def test_a_users_ptxas_or_a_torch_without_one_is_left_as_it_is(torch_tree, monke
     monkeypatch.setenv(torch_fixes.PTXAS, "/opt/cuda/bin/ptxas")
     assert not torch_fixes.share_ptxas_with_compile_workers()
     assert os.environ[torch_fixes.PTXAS] == "/opt/cuda/bin/ptxas"
+
+
+# a loaded kernel's tuned config, looked up in this process's cache (torch's own code)
+
+
+@pytest.fixture
+def two_caches(tmp_path, monkeypatch):
+    """Inductor's cache ``a`` (where a kernel compiled and was tuned) and ``b`` (this process's),
+    torch's own unfixed ``recheck_autotune_cache`` installed, the artifact records cleared."""
+    import inspect
+
+    from torch.compiler._cache import CacheArtifactManager
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # it turns the autotune cache off
+    unfixed = inspect.unwrap(th.CachingAutotuner.recheck_autotune_cache)
+    monkeypatch.setattr(th.CachingAutotuner, "recheck_autotune_cache", unfixed)
+    CacheArtifactManager.clear()
+    yield tmp_path / "a", tmp_path / "b"
+    CacheArtifactManager.clear()
+
+
+META = {"coordinate_descent_tuning": True}
+CONFIGS = (32, 64, 128)
+
+
+def tune(cache, monkeypatch, block: int) -> str:
+    """Save ``block`` as the tuned config of a kernel compiled in ``cache``; its source path."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    source = str(cache / "ab" / "cabkernel.py")
+    configs = [config(b) for b in CONFIGS]
+    AutotuneCache.create(META, source, th.hash_configs(configs)).save(config(block), 1)
+    return source
+
+
+def loaded(source: str):
+    """The kernel as inductor loads it from a cached graph: its compiled variants, and the
+    source path it was compiled at."""
+    return SimpleNamespace(
+        compile_results=[SimpleNamespace(config=config(b)) for b in CONFIGS],
+        filename=source,
+        inductor_meta=META,
+        is_statically_launchable=lambda: True,
+        _could_rblock_scale=False,
+        fn=SimpleNamespace(fn=object()),
+        save_cache_hook=None,
+    )
+
+
+def blocks(kernel) -> list[int]:
+    return [r.config.kwargs["XBLOCK"] for r in kernel.compile_results]
+
+
+def test_a_kernel_from_another_machines_cache_finds_its_tuning_here(two_caches, monkeypatch):
+    import shutil
+
+    import torch
+
+    a, b = two_caches
+    source = tune(a, monkeypatch, 64)  # the machine that compiled and tuned
+    data, _ = torch.compiler.save_cache_artifacts()  # a run folder's artifacts
+    shutil.rmtree(a)  # a new machine: only the artifacts come along
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(b))
+    torch.compiler.load_cache_artifacts(data)
+    unfixed = loaded(source)
+    th.CachingAutotuner.recheck_autotune_cache(unfixed, None)
+    assert blocks(unfixed) == list(CONFIGS)  # torch looks beside the old path: not found
+    assert torch_fixes.find_tuning_in_this_cache()
+    assert not torch_fixes.find_tuning_in_this_cache()  # once only
+    kernel = loaded(source)
+    th.CachingAutotuner.recheck_autotune_cache(kernel, None)
+    assert blocks(kernel) == [64]
+    assert kernel.filename == str(b / "ab" / "cabkernel.py")
+
+
+def test_tuning_found_nowhere_is_saved_where_the_next_start_looks(two_caches, monkeypatch):
+    a, b = two_caches
+    source = str(a / "ab" / "cabkernel.py")  # a's cache is gone, b has no tuned config
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(b))
+    torch_fixes.find_tuning_in_this_cache()
+    kernel = loaded(source)
+    th.CachingAutotuner.recheck_autotune_cache(kernel, None)
+    assert blocks(kernel) == list(CONFIGS)  # nothing to narrow to: the kernel is tuned
+    kernel.save_cache_hook(config(128), 1, found_by_coordesc=True)  # as coordinate descent does
+    assert not a.exists()
+    again = loaded(source)
+    th.CachingAutotuner.recheck_autotune_cache(again, None)
+    assert blocks(again) == [128]
+
+
+def test_tuning_where_the_kernel_compiled_is_still_found(two_caches, monkeypatch):
+    """The same machine, its first cache still there and this one without the entry."""
+    a, b = two_caches
+    source = tune(a, monkeypatch, 32)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(b))
+    torch_fixes.find_tuning_in_this_cache()
+    kernel = loaded(source)
+    th.CachingAutotuner.recheck_autotune_cache(kernel, None)
+    assert blocks(kernel) == [32] and kernel.filename == source
+
+
+def test_a_kernel_compiled_in_this_cache_keeps_its_path(tmp_path):
+    source = str(tmp_path / "ab" / "cabkernel.py")
+    assert torch_fixes.in_this_cache(source, str(tmp_path)) is None
+    assert torch_fixes.in_this_cache(None, str(tmp_path)) is None
+    moved = torch_fixes.in_this_cache("/elsewhere/cache/ab/cabkernel.py", str(tmp_path))
+    assert moved == source
