@@ -7,7 +7,8 @@ Each variant runs three times in a row, each run a fresh process:
 - **warm**: the same command again, its caches filled;
 - **resumed, new machine**: the warm run's folder resumed (``--resume auto``) with empty caches
   again, CUDA's JIT cache included, so only what the run folder kept (its compile artifacts,
-  Triton kernels and CUDA's JIT cache) is there;
+  Triton kernels and CUDA's JIT cache) is there; the cold and warm runs' caches are emptied
+  first, as a new machine lacks them;
 - **resumed again, new machine**: the same folder resumed once more on another such machine,
   from what the first resume left in it;
 - **compile**: ``python -m fasttrain compile`` with the same flags into empty caches (its own
@@ -50,6 +51,14 @@ def cache_env(cache: Path, new_machine: bool = False) -> dict[str, str]:
         env["CUDA_CACHE_PATH"] = str(cache / "cuda-jit")
         env.pop("CUDA_CACHE_DISABLE", None)
     return env
+
+
+def gone(cache: Path) -> None:
+    """Empty ``cache``, as a machine that never held it: paths into it that compiled code
+    keeps (a loaded kernel's source, beside which inductor looks for its tuned config) find
+    nothing, as on a new machine."""
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
 
 
 def largest(parts: dict[str, float]) -> str:
@@ -181,6 +190,8 @@ def main() -> None:
                 for name, log, start, cmd, cache, new_machine in starts:
                     if name not in chosen:
                         continue
+                    if new_machine:
+                        gone(Path(a))  # a new machine lacks the cold and warm runs' caches too
                     s = run(cmd, cache, args.out / f"{slug}-{log}.log", new_machine)
                     jsonl.write(json.dumps({"variant": label, "start": start, **s}) + "\n")
                     lines.append(row(label, start, s))

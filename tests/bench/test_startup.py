@@ -74,6 +74,28 @@ def test_every_start_by_default(monkeypatch, tmp_path):
     assert "| t | compile (to its exit) | 30.0 | inductor codegen 20.0 | FX 0/2 |" in table
 
 
+def test_the_resumes_find_none_of_the_warm_runs_caches(monkeypatch, tmp_path):
+    """Inductor looks for a loaded kernel's tuned config where it was compiled: a resume while
+    the cold run's caches still exist would find them there, as no new machine can."""
+    seen = {}
+
+    def run(cmd, cache, log, new_machine=False):
+        if not new_machine:
+            (cache / f"{log.stem}.entry").write_text("compiled")
+            seen["warm caches"] = cache
+        else:
+            seen[log.stem] = sorted(p.name for p in seen["warm caches"].iterdir())
+        return SUMMARY
+
+    monkeypatch.setattr(startup, "run", run)
+    monkeypatch.setattr(
+        sys, "argv", ["startup.py", "--out", str(tmp_path), "--starts", "cold,warm,resumed",
+                      "--variant", "t="],
+    )  # fmt: skip
+    startup.main()
+    assert seen["t-resumed"] == [] and seen["t-resumed-again"] == []
+
+
 def test_only_the_starts_named(monkeypatch, tmp_path):
     calls = run_main(monkeypatch, tmp_path, "--starts", "compile", "--variant", "t=")
     assert [c[0] for c in calls] == ["t-compile", "t-after-compile"]
