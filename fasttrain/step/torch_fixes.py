@@ -17,6 +17,20 @@ BUGGY_RECHECK = "len(configs) > 1"  # the guard pytorch/pytorch#172819 names
 PTXAS = "TRITON_PTXAS_PATH"
 
 
+def torch_recheck(applied: str) -> tuple[Any, Any] | None:
+    """Inductor's Triton runtime and its ``CachingAutotuner.recheck_autotune_cache``, which
+    the fixes below wrap; None on a torch without them, or where the method already carries
+    the fix marked ``applied``."""
+    try:
+        from torch._inductor.runtime import triton_heuristics as th
+    except ImportError:  # a torch without inductor's Triton runtime: nothing to fix
+        return None
+    original = getattr(th.CachingAutotuner, "recheck_autotune_cache", None)
+    if original is None or getattr(original, applied, False):
+        return None
+    return th, original
+
+
 def keep_coordinate_descent_results() -> bool:
     """Make a warm start reuse coordinate-descent tuning instead of running it again.
 
@@ -28,13 +42,10 @@ def keep_coordinate_descent_results() -> bool:
     ``CachingAutotuner.recheck_autotune_cache`` to set the mark from the cache, as the fixed
     torch does. Returns whether it was applied (False on a torch without the bug).
     """
-    try:
-        from torch._inductor.runtime import triton_heuristics as th
-    except ImportError:  # a torch without inductor's Triton runtime: nothing to fix
+    found = torch_recheck("fasttrain_fix")
+    if found is None:
         return False
-    original = getattr(th.CachingAutotuner, "recheck_autotune_cache", None)
-    if original is None or getattr(original, "fasttrain_fix", False):
-        return False
+    th, original = found
     try:
         if BUGGY_RECHECK not in inspect.getsource(original):
             return False
@@ -119,14 +130,11 @@ def find_tuning_in_this_cache() -> bool:
     This points a kernel at this process's cache where the tuned config is there, or where
     neither place has one (so that the tuning saves where the next start reads), before torch's
     lookup. Returns whether it was applied (once per process)."""
-    try:
-        from torch._inductor.runtime import triton_heuristics as th
-        from torch._inductor.runtime.runtime_utils import cache_dir
-    except ImportError:  # a torch without inductor's Triton runtime: nothing to fix
+    found = torch_recheck("fasttrain_this_cache")
+    if found is None:
         return False
-    original = getattr(th.CachingAutotuner, "recheck_autotune_cache", None)
-    if original is None or getattr(original, "fasttrain_this_cache", False):
-        return False
+    th, original = found
+    from torch._inductor.runtime.runtime_utils import cache_dir
 
     @functools.wraps(original)
     def recheck_autotune_cache(self: Any, reload_kernel_from_src: Any) -> None:
