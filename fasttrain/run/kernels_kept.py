@@ -14,6 +14,7 @@ that Triton's cache lacks before the step is built.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import tarfile
@@ -78,10 +79,10 @@ def pack(keys: set[str], where: Path) -> tuple[bytes, set[str]]:
 
 def unpack(data: bytes, where: Path) -> tuple[int, set[str]]:
     """Put the packed folders that Triton's cache ``where`` lacks into it; returns how many, and
-    the keys packed (put there or found there). A folder is
-    written under a temporary name and renamed into place whole, so that a Triton reading the
-    cache beside it never sees half of one. Members other than ``<key>/<file>`` regular files
-    are refused (``ValueError``)."""
+    the keys packed (put there or found there). A folder is written under a temporary name and
+    renamed into place whole, so that a Triton reading the cache beside it never sees half of
+    one. Each folder's group files are pointed at its files here (``repointed``). Members other
+    than ``<key>/<file>`` regular files are refused (``ValueError``)."""
     where.mkdir(parents=True, exist_ok=True)
     added = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
@@ -100,7 +101,8 @@ def unpack(data: bytes, where: Path) -> tuple[int, set[str]]:
             for member in members:
                 source = tar.extractfile(member)
                 assert source is not None  # a regular file (checked above)
-                (tmp / member.name.split("/")[1]).write_bytes(source.read())
+                name = member.name.split("/")[1]
+                (tmp / name).write_bytes(repointed(name, source.read(), where / key))
             try:
                 tmp.rename(where / key)
                 added += 1
@@ -109,3 +111,24 @@ def unpack(data: bytes, where: Path) -> tuple[int, set[str]]:
                     file.unlink()
                 tmp.rmdir()
     return added, set(folders)
+
+
+def repointed(name: str, content: bytes, folder: Path) -> bytes:
+    """A kernel folder's file ``name`` as it belongs in ``folder``: a Triton group file
+    (``__grp__<name>.json``) names its kernel's files by absolute path, so a folder packed on
+    another machine names that machine's cache, and once that is gone Triton finds the group
+    incomplete, misses, and compiles the kernel again (a tuned ResNet's every kernel, as the
+    step is loaded). Its paths are pointed at the files of the same names in ``folder``. Any
+    other file, or a group file that is not Triton's JSON, is returned as it is."""
+    if not (name.startswith("__grp__") and name.endswith(".json")):
+        return content
+    try:
+        group = json.loads(content)
+    except ValueError:
+        return content
+    paths = group.get("child_paths") if isinstance(group, dict) else None
+    if not isinstance(paths, dict):
+        return content
+    here = Path(os.path.abspath(folder))
+    group["child_paths"] = {child: str(here / Path(str(p)).name) for child, p in paths.items()}
+    return json.dumps(group).encode()

@@ -5,6 +5,7 @@ compiled code has no Triton kernels."""
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 import types
 from pathlib import Path
@@ -45,6 +46,41 @@ def test_packed_folders_fill_an_empty_cache_and_leave_present_ones_alone(tmp_pat
     assert (c / "k1" / "k1.cubin").read_bytes() == b"this machine's own"
     assert (c / "k2" / "k2.cubin").read_bytes() == b"binary of k2"
     assert not [p for p in c.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_triton_finds_a_kept_kernel_on_a_new_machine_with_the_first_cache_gone(
+    tmp_path, monkeypatch
+):
+    """Triton's group file names a kernel's files by absolute path. Packed on one machine and
+    put into another's cache, the kernel is a hit for Triton's own cache manager there once the
+    first cache is gone; and the same files with the group left as packed miss."""
+    cache = pytest.importorskip("triton.runtime.cache")
+    a, b = tmp_path / "a", tmp_path / "b"
+    key = "ABCDEFGHIJKLMNOP"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(a))
+    compiled = cache.FileCacheManager(key)
+    group = {
+        name: compiled.put(data, name)
+        for name, data in (("k.cubin", b"\x7fELF binary"), ("k.json", '{"name": "k"}'))
+    }
+    compiled.put_group("k.json", group)
+    assert compiled.get_group("k.json") == group  # a hit on the machine that compiled
+    data, found = pack({key}, a)
+    assert found == {key}
+    shutil.rmtree(a)
+
+    assert unpack(data, b) == (1, {key})
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(b))
+    hit = cache.FileCacheManager(key).get_group("k.json")
+    assert hit is not None and set(hit) == {"k.cubin", "k.json"}
+    assert all(Path(p).parent == b / key and Path(p).is_file() for p in hit.values())
+    assert Path(hit["k.cubin"]).read_bytes() == b"\x7fELF binary"
+
+    as_packed = tmp_path / "c"  # the tar's files written as they are: Triton misses
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(as_packed, filter="data")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(as_packed))
+    assert cache.FileCacheManager(key).get_group("k.json") is None
 
 
 @pytest.mark.parametrize("name", ["../evil", "k1/../../evil", "deep/er/file", "/abs", "lone"])
