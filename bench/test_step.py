@@ -12,6 +12,7 @@ auto``, and ``--fused-bn``'s variants:
   others;
 - its stem's image padded to 4 channels or not;
 - its weights cast to fp16 once or again in the backward;
+- its normalise passes' scale and bias saved as copies or marked;
 - its stem's max-pool by the row or the window kernels (in both compile modes);
 - one of inductor's options on top of each compile mode's.
 
@@ -212,6 +213,16 @@ def test_fused_bn_weight_cast(benchmark, cast, monkeypatch):
     fp32 weight cast to fp16 once and the cast kept for the backward (``cast_once``), or cast
     inside ``conv_bn`` and again in the compiled backward: what the default was chosen by."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", cast_once=cast.startswith("once"))
+
+
+@pytest.mark.benchmark(group="fused-bn saved scale and bias")
+@pytest.mark.parametrize("saved", ["copies", "marked (the default)"])
+def test_fused_bn_saved_affine(benchmark, saved, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) with each normalise pass's
+    scale and bias saved for the backward as copies (``kept``, two small copy kernels per pass)
+    or as the tensors themselves marked ``stored`` (``FusedResNet(copy_affine=False)``): the
+    same tensors saved, without the copies' launches."""
+    time_fused_variant(benchmark, monkeypatch, "maxpool", copy_affine=saved.startswith("copies"))
 
 
 @pytest.mark.benchmark(group="fused-bn stem pool kernels")

@@ -102,7 +102,9 @@ class Fusion:
     cast kept for the backward (``cast_weight``; 0.3-0.4% faster steps) rather than cast again
     there. With ``pack_block_mask`` (the default, with ``store_block_grad``), each block end
     keeps its ReLU's mask as one bit per element for the backward instead of reading its output
-    there (``residual_relu``; 2.1% faster steps in ``default`` mode)."""
+    there (``residual_relu``; 2.1% faster steps in ``default`` mode). Each normalise pass saves
+    its scale and bias for the backward as the tensors themselves, marked ``stored`` (the
+    default: no copy kernels, 0.1% faster steps), or with ``copy_affine`` as copies (``kept``)."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
@@ -112,6 +114,7 @@ class Fusion:
     cast_once: bool = True
     stem_bn_in_pool: bool = False
     pack_block_mask: bool = True
+    copy_affine: bool = False
 
 
 def _conv(
@@ -122,12 +125,18 @@ def _conv(
     first, which inductor fuses with its neighbours."""
     scale, bias = prologue if prologue is not None else (None, None)
     if prologue is not None and conv.kernel_size[0] not in how.fold:
-        relu = affine_relu if how.mask_from_input else _relu_of_affine
-        x, scale, bias = relu(x, *prologue), None, None
+        x, scale, bias = _normalise_relu(x, prologue, how), None, None
     weight = conv.weight
     if how.cast_once and weight.dtype != x.dtype:
         weight = cast_weight(weight, x.dtype)
     return conv_bn(x, weight, scale, bias, conv.stride[0], conv.padding[0])
+
+
+def _normalise_relu(y: Tensor, prologue: Prologue, how: Fusion) -> Tensor:
+    """A BN's normalise + ReLU as an elementwise pass, its backward masked as ``how`` says."""
+    if how.mask_from_input:
+        return affine_relu(y, *prologue, copy_affine=how.copy_affine)
+    return _relu_of_affine(y, *prologue)
 
 
 def _relu_of_affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
@@ -158,9 +167,7 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
         if how.stem_bn_in_pool and model.bn1.training and triton_pool.folds_bn(*sizes):
             return bn_relu_max_pool2d(y, model.bn1, *sizes)
         return affine_relu_max_pool2d(y, *_bn(y, *sums(y), model.bn1), *sizes)
-    prologue = _bn(y, *sums(y), model.bn1)
-    relu = affine_relu if how.mask_from_input else _relu_of_affine
-    return pool(relu(y, *prologue))
+    return pool(_normalise_relu(y, _bn(y, *sums(y), model.bn1), how))
 
 
 def _stem_conv(conv: nn.Conv2d, x: Tensor, how: Fusion) -> Tensor:
@@ -213,8 +220,9 @@ class FusedResNet(torchvision.models.ResNet):
     ``store_block_grad`` stores each block end's masked gradient once; ``fuse_stem`` runs the
     stem's BN as the others, and ``stem_bn_in_pool`` inside the Triton pool; ``pad_stem`` pads
     the stem's image to ``STEM_CHANNELS`` channels; ``cast_once`` keeps each weight's cast for
-    the backward; ``pack_block_mask`` keeps each block end's ReLU mask as bits (``Fusion``; all
-    on by default but ``stem_bn_in_pool``, off for the references). The rest is
+    the backward; ``pack_block_mask`` keeps each block end's ReLU mask as bits;
+    ``copy_affine`` saves copies of each normalise pass's scale and bias (``Fusion``; all on by
+    default but ``stem_bn_in_pool`` and ``copy_affine``, off for the references). The rest is
     ``ResNet``'s arguments."""
 
     def __init__(
@@ -228,6 +236,7 @@ class FusedResNet(torchvision.models.ResNet):
         cast_once: bool = True,
         stem_bn_in_pool: bool = False,
         pack_block_mask: bool = True,
+        copy_affine: bool = False,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
@@ -242,6 +251,7 @@ class FusedResNet(torchvision.models.ResNet):
             cast_once,
             stem_bn_in_pool,
             pack_block_mask,
+            copy_affine,
         )
 
     def forward(self, x: Tensor) -> Tensor:

@@ -4,6 +4,7 @@ the normalise + ReLU passes and the block end; cuDNN's fused forward on a GPU. T
 the Triton max-pool: test_bn_pool.py; the model built from them: test_fused_resnet.py."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -127,16 +128,19 @@ def test_conv_bn_relu_chain_matches_the_modules_with_running_statistics(momentum
     torch.testing.assert_close(_fused_chain(*fused, x), _reference_chain(*ref, x))
 
 
+@pytest.mark.parametrize("copy_affine", [True, False])
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled):
+def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled, copy_affine):
     """affine_relu masks its gradient by the pre-activation it recomputes, torch.relu by its
     output: the same values and gradients (no pre-activation here is exactly zero), negative
-    scales included; compiled into one graph (the kept scale and bias included), the same."""
+    scales included; compiled into one graph (the scale and bias saved as copies or marked),
+    the same."""
     y = randn_nhwc(4, 6, 5, 5).requires_grad_()
     scale = torch.linspace(-1.5, 2.0, 6, dtype=torch.float64).requires_grad_()
     bias = torch.linspace(-0.4, 0.6, 6, dtype=torch.float64).requires_grad_()
     g = randn_nhwc(4, 6, 5, 5, seed=3)
-    fn = torch.compile(affine_relu, fullgraph=True) if compiled else affine_relu
+    fn = functools.partial(affine_relu, copy_affine=copy_affine)
+    fn = torch.compile(fn, fullgraph=True) if compiled else fn
     out, ref = fn(y, scale, bias), torch.relu(affine(y, scale, bias))
     torch.testing.assert_close(out, ref)
     assert out.is_contiguous(memory_format=torch.channels_last)
@@ -145,6 +149,60 @@ def test_affine_relu_is_relu_of_affine_forward_and_backward(compiled):
     assert grads[0].is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _backward_of_a_bn_pass(how: str) -> torch.fx.GraphModule:
+    """The backward graph that AOTAutograd's partitioner (inductor's, min-cut) makes for a BN's
+    scale and bias computed from its sums and applied by an ``_AffineReLU`` pass: the tensors
+    as they are ("plain"), or as ``affine_relu`` passes them (copies: "copy"; marked: "mark")."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fasttrain.model.ops.conv_bn import _AffineReLU
+
+    seen = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            seen[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def bn_pass(y, total, total_sq, weight, bias):
+        mean = total / 100
+        scale = weight * torch.rsqrt(total_sq / 100 - mean * mean + 1e-5)
+        shift = bias - mean * scale
+        if how == "plain":
+            return _AffineReLU.apply(y, scale, shift)
+        return affine_relu(y, scale, shift, copy_affine=how == "copy")
+
+    backend = aot_autograd(
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+    )
+    y = randn_nhwc(4, 6, 5, 5, dtype=torch.float32).requires_grad_()
+    weight, bias = torch.rand(6, requires_grad=True), torch.rand(6, requires_grad=True)
+    total, total_sq = torch.randn(6), torch.rand(6) * 10 + 50
+    out = torch.compile(bn_pass, backend=backend, fullgraph=True)(y, total, total_sq, weight, bias)
+    out.sum().backward()
+    return seen["backward"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["plain", "copy", "mark"])
+def test_the_bn_pass_backward_reads_the_saved_scale_and_bias(how):
+    """Inductor's partitioner recomputes per-channel arithmetic in the backward rather than save
+    it: the plain pass's backward rebuilds the scale and bias from the BN's inputs. Passed as
+    ``kept``'s copies or marked ``stored`` (``copy_affine`` on and off), both are saved and read
+    by the backward as two tensors that are neither the graph's inputs nor its gradients."""
+    saved = [
+        n.name
+        for n in _backward_of_a_bn_pass(how).graph.find_nodes(op="placeholder")
+        if not n.name.startswith(("primals_", "tangents_"))
+    ]
+    assert len(saved) == (0 if how == "plain" else 2), saved
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])

@@ -311,25 +311,30 @@ class _AffineReLU(torch.autograd.Function):
     ``y`` (kept for ``conv_bn``'s backward anyway) instead of reading the output."""
 
     @staticmethod
-    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    def forward(ctx, y: Tensor, scale: Tensor, bias: Tensor, mark: bool = False) -> Tensor:
+        if mark:  # the partitioner saves them (``stored``) rather than recomputing them
+            scale, bias = stored(scale), stored(bias)
         ctx.save_for_backward(y, scale, bias)
         return _prologue(y, scale, bias)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return prologue_backward(grad, *ctx.saved_tensors)
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        return (*prologue_backward(grad, *ctx.saved_tensors), None)
 
 
-def affine_relu(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+def affine_relu(y: Tensor, scale: Tensor, bias: Tensor, *, copy_affine: bool = False) -> Tensor:
     """``relu(y * scale + bias)`` per channel, as ``torch.relu(affine(...))`` computes it, with a
     backward that reads one activation fewer: torch.relu's backward masks by reading the ReLU's
     output; this one recomputes the mask from ``y``, which the BN's two backward kernels (its
     sums, its input gradient) read anyway. That holds only while the masked gradient is
     recomputed inside both kernels: inductor stores a reused expression that reads more than
     four tensors as a buffer of its own (more traffic, not less), so the scale and bias are
-    read as two saved tensors (``kept``) rather than rebuilt from the BN's statistics there.
+    read as two saved tensors rather than rebuilt from the BN's statistics there: the tensors
+    themselves marked ``stored`` (no copy kernels), or with ``copy_affine`` copies (``kept``).
     ``bench/traffic.py`` counts the difference."""
-    return _AffineReLU.apply(y, *kept(scale, bias))
+    if copy_affine:
+        return _AffineReLU.apply(y, *kept(scale, bias))
+    return _AffineReLU.apply(y, scale, bias, True)
 
 
 def stored(t: Tensor) -> Tensor:
