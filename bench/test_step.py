@@ -189,7 +189,7 @@ def test_fused_bn_block_mask(benchmark, mode, mask, monkeypatch):
     backward masking its gradient by reading the block's output or by one bit per element kept
     from the forward (``pack_block_mask``): a sixteenth of a pass for a whole one in each block
     end's backward kernel, inductor writing the bits in the forward kernel that writes the
-    output (``conv_bn.relu_and_signs``). In ``default`` mode, and as ``--compile-mode auto``
+    output (``signs.relu_and_signs``). In ``default`` mode, and as ``--compile-mode auto``
     tunes it (minutes the first time)."""
     overrides = {"train.inductor_options": FASTEST_INDUCTOR_OPTIONS} if mode == "auto" else None
     time_fused_variant(

@@ -29,7 +29,7 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
   reduction, normalise + ReLU masked by its input);
 - ``unpacked``: ``mask`` with both;
 - ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``unpacked`` with each block end's ReLU
-  mask kept as bits for its backward (``pack_block_mask``, ``conv_bn.relu_and_signs``), the stem
+  mask kept as bits for its backward (``pack_block_mask``, ``signs.relu_and_signs``), the stem
   unpadded (below). The C++ backend writes the bits in loops of their own, which the Triton
   backend fuses with the block's output: on the CPU this path counts more than on a GPU.
 

@@ -16,12 +16,10 @@ from fasttrain.model.ops.conv_bn import (
     bn_finalize,
     cast_weight,
     conv_bn,
-    pack_signs,
-    relu_and_signs,
     residual_relu,
     stored,
-    unpack_signs,
 )
+from fasttrain.model.ops.signs import pack_signs, relu_and_signs, unpack_signs
 from tests.conftest import randn_nhwc
 
 # the Triton max-pool's tests run on the GPU where there is one, else interpreted on the CPU

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fasttrain.model.ops.memory_format import memory_format_of
+from fasttrain.model.ops.signs import PACK, relu_and_signs, unpack_signs
 
 
 def per_channel(v: Tensor) -> Tensor:
@@ -389,47 +390,6 @@ class _PackedResidualReLU(torch.autograd.Function):
         wide = masked.to(scale.dtype)
         gy = (wide * per_channel(scale)).to(y.dtype).contiguous(memory_format=memory_format_of(y))
         return gy, (wide * y.to(scale.dtype)).sum((0, 2, 3)), wide.sum((0, 2, 3)), masked
-
-
-PACK = 8  # channels per byte of a packed sign mask
-
-
-def pack_signs(t: Tensor) -> Tensor:
-    """Whether each element of ``t`` (N, C, H, W; C a multiple of ``PACK``) is above zero, one
-    bit each: byte ``j`` of pixel ``(n, h, w)`` (a uint8 tensor (N, H, W, C / 8)) holds channels
-    ``8j`` to ``8j + 7``, channel ``8j + i`` in bit ``i``. Written as a sum of 8 shifted bits
-    over the channels, which lie next to each other in channels_last, so that inductor computes
-    it in the kernel that writes ``t``, not in a pass of its own that reads ``t`` again."""
-    n, c, h, w = t.shape
-    groups = t.permute(0, 2, 3, 1).reshape(n, h, w, c // PACK, PACK)
-    shifts = torch.arange(PACK, device=t.device, dtype=torch.uint8)
-    # summed as uint8 (the bits are distinct: no carry), so that the reduction's own output is
-    # the byte kept for the backward, not a wider sum that the partitioner might keep instead
-    return ((groups > 0).to(torch.uint8) << shifts).sum(-1, dtype=torch.uint8)
-
-
-def relu_and_signs(z: Tensor) -> tuple[Tensor, Tensor]:
-    """``relu(z)`` (N, C, H, W, channels_last; C a multiple of ``PACK``) and ``pack_signs(z)``,
-    written so that inductor makes them one kernel and AOTAutograd's partitioner keeps the
-    bits for the backward. The ReLU is read from the bits where they are set (so the forward
-    needs them: a node only the backward needs may be recomputed there, from the block's
-    output, which is kept anyway), in the bits' own grouping of 8 channels (so the kernel that
-    sums them can write the output in the same loop). NaNs pass, as through torch.relu."""
-    n, c, h, w = z.shape
-    groups = z.permute(0, 2, 3, 1).reshape(n, h, w, c // PACK, PACK)
-    shifts = torch.arange(PACK, device=z.device, dtype=torch.uint8)
-    signs = ((groups > 0).to(torch.uint8) << shifts).sum(-1, dtype=torch.uint8)
-    positive = ((signs.unsqueeze(-1) >> shifts) & 1) != 0
-    out = torch.where(positive, groups, torch.relu(groups))
-    return out.reshape(n, h, w, c).permute(0, 3, 1, 2), signs
-
-
-def unpack_signs(signs: Tensor, shape: torch.Size) -> Tensor:
-    """``pack_signs``'s bits as a bool tensor of ``shape`` (N, C, H, W), channels_last."""
-    n, c, h, w = shape
-    shifts = torch.arange(PACK, device=signs.device, dtype=torch.int32)
-    bits = (signs.unsqueeze(-1).to(torch.int32) >> shifts) & 1
-    return bits.reshape(n, h, w, c).permute(0, 3, 1, 2) != 0
 
 
 def residual_relu(
