@@ -9,9 +9,10 @@ AOT autograd, inductor, Triton's compile, kernel tuning), fasttrain's own cuDNN 
 and the CUDA graph's warm-up and capture; what none of them covers is "other". The parts sum to
 the time to the first step.
 
-``Heartbeat`` logs every ``every`` seconds while the first step runs: the phase it is in, read
-from the threads' stacks (a compile is one long call with no progress of its own), so a start-up
-that takes minutes never goes silent.
+``Heartbeat`` logs every ``every`` seconds while the set-up (where dynamo's kept trace loads the
+compiled step) and the first step run: the phase it is in, read from the threads' stacks (a
+compile is one long call with no progress of its own), so a start-up that takes minutes never
+goes silent.
 """
 
 from __future__ import annotations
@@ -209,6 +210,8 @@ PHASES = (
     ("autotuning kernel choices", ("select_algorithm", "autotune_process"), None),
     ("compiling Triton kernels", ("async_compile", "/triton/compiler"), None),
     ("building and timing cuDNN plans", ("fasttrain/model/cudnn/",), None),
+    # dynamo's kept trace, installed as torch.compile wraps the step: inductor's code loaded
+    ("loading the compiled step", ("torch/_dynamo/package.py",), ("install", "load")),
     # dynamo's end of compile joins the thread that runs cuDNN's convolutions ahead
     # (``step/conv_warmup.py``): the main thread then waits in dynamo, for the convolutions
     ("waiting for cuDNN's convolutions run ahead", ("fasttrain/step/conv_warmup.py",), ("wait",)),
@@ -220,8 +223,9 @@ PHASES = (
 RUNTIME = "torch/_inductor/runtime/"
 
 
-def phase_of(frame: Any) -> str:
-    """What a thread is doing, from its stack (innermost ``frame``): its most specific phase."""
+def phase_of(frame: Any, otherwise: str = "running the step") -> str:
+    """What a thread is doing, from its stack (innermost ``frame``): its most specific phase;
+    ``otherwise`` where none is known."""
     found: set[int] = set()
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
@@ -234,14 +238,23 @@ def phase_of(frame: Any) -> str:
             if names is None or any(n in name for n in names):
                 found.add(i)
         frame = frame.f_back
-    return PHASES[min(found)][0] if found else "running the step"
+    return PHASES[min(found)][0] if found else otherwise
 
 
 class Heartbeat:
-    """Logs what the process is doing every ``every`` seconds until it exits (module notes)."""
+    """Logs what the process is doing every ``every`` seconds until it exits (module notes):
+    ``what`` it waits for, and ``otherwise`` where no thread is in a known phase."""
 
-    def __init__(self, what: str, t_start: float, every: float = 10.0):
+    def __init__(
+        self,
+        what: str,
+        t_start: float,
+        every: float = 10.0,
+        otherwise: str = "running the step",
+        within: str = "the step",
+    ):
         self.what, self.t_start, self.every = what, t_start, every
+        self.otherwise, self.within = otherwise, within
         self.done = threading.Event()
         self.since = time.perf_counter()
         self.phase, self.phase_since = "", self.since
@@ -263,12 +276,12 @@ class Heartbeat:
         phases = [phase_of(f) for t, f in sys._current_frames().items() if t != mine]
         order = [p for p, _, _ in PHASES]
         known = [p for p in phases if p in order]
-        phase = min(known, key=order.index) if known else "running the step"
+        phase = min(known, key=order.index) if known else self.otherwise
         if phase != self.phase:
             self.phase, self.phase_since = phase, now
         return (
             f"{self.what}: {phase} for {now - self.phase_since:.0f} s "
-            f"({now - self.since:.0f} s in the step, {now - self.t_start:.0f} s since start)"
+            f"({now - self.since:.0f} s in {self.within}, {now - self.t_start:.0f} s since start)"
         )
 
     def _run(self) -> None:

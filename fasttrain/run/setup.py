@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from fasttrain.config.cli import save_resolved
 from fasttrain.dist.parallel import ddp_description
 from fasttrain.dist.state import DistState
 from fasttrain.metrics.profiling import configure
-from fasttrain.metrics.startup import Startup
+from fasttrain.metrics.startup import Heartbeat, Startup
 from fasttrain.run import checkpoint as ckpt
 from fasttrain.run import resume
 from fasttrain.run.build import Built, build
@@ -63,11 +64,12 @@ def set_up(
         resume.loader_state_for(resumed[1], dist.rank, dist.world_size) if resumed else None
     )
     artifacts = Artifacts(run_dir, cfg, dist.world_size, dist.is_main)
-    artifacts.load()  # before torch.compile: it looks for dynamo's saved trace when it wraps
     # cuDNN's convolutions run on a thread from the model's build on, beside the rest of the
     # set-up and the step's compile, at the shapes of the epoch the run starts in
     epoch = int(resumed[1].get("epoch", 0)) if resumed else 0
-    built = build(cfg, dist, loader_state, startup, warm_up_convs=t.compile, start_epoch=epoch)
+    with setup_heartbeat(dist, startup):
+        artifacts.load()  # before torch.compile: it looks for dynamo's saved trace when it wraps
+        built = build(cfg, dist, loader_state, startup, warm_up_convs=t.compile, start_epoch=epoch)
     if dist.is_main:  # a full disk is a one-line error now, not at the first save
         need = ckpt.checkpoint_bytes(built.training.model)
         ckpt.check_free_space(run_dir, need, cfg.run.keep_checkpoints)
@@ -151,3 +153,17 @@ def log_setup(cfg: Config, dist: DistState, built: Built, step: int) -> None:
     )
     if not built.plan.is_uniform:
         log.info("--batch-sizes %s: %s", t.batch_sizes, built.plan.describe())
+
+
+def setup_heartbeat(dist: DistState, startup: Startup) -> AbstractContextManager:
+    """The set-up's heartbeat on the main process: the compile artifacts, the data and the model,
+    where loading dynamo's kept trace can take seconds (a kernel whose binary this machine
+    lacks is compiled there)."""
+    if not dist.is_main:
+        return nullcontext()
+    return Heartbeat(
+        "setting up",
+        startup.t_start,
+        otherwise="building the data and the model",
+        within="the set-up",
+    )

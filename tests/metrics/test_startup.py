@@ -222,6 +222,54 @@ def test_the_heartbeat_says_what_the_first_step_waits_for(caplog):
     assert "s in the step, 10" in lines[-1] and lines[-1].endswith(" s since start)")
 
 
+def test_loading_dynamo_s_kept_trace_is_a_phase_and_a_compile_inside_it_is_named():
+    """As torch.compile wraps the step, dynamo installs its kept trace, loading inductor's code
+    (which reads like inductor's code generation) and compiling any kernel whose binary this
+    machine lacks: the first is "loading the compiled step", the second the kernels' compile."""
+    package = _in_file("/site/torch/_dynamo/package.py", "def install(f): return f()")
+    codecache = _in_file(
+        "/site/torch/_inductor/codecache.py", "def load_by_key_path(f): return f()"
+    )
+    triton = _in_file("/site/triton/compiler/compiler.py", "def compile(f): return f()")
+
+    def here() -> str:
+        return phase_of(sys._getframe())
+
+    assert package["install"](lambda: codecache["load_by_key_path"](here)) == (
+        "loading the compiled step"
+    )
+    inside = package["install"](
+        lambda: codecache["load_by_key_path"](lambda: triton["compile"](here))
+    )
+    assert inside == "compiling Triton kernels"
+    assert phase_of(sys._getframe(), otherwise="building the model") == "building the model"
+
+
+def test_the_set_up_has_a_heartbeat_of_its_own(caplog, monkeypatch):
+    """The set-up (the data, the model, dynamo's kept trace) beats as the first step does, on
+    the main process only, in its own words."""
+    import types
+
+    from fasttrain.run import setup
+
+    monkeypatch.setattr(setup, "Heartbeat", lambda *a, **k: Heartbeat(*a, **{**k, "every": 0.05}))
+    startup_ = Startup(time.perf_counter() - 30)
+    package = _in_file(
+        "/site/torch/_dynamo/package.py", "import time\ndef install(s): time.sleep(s)"
+    )
+    with caplog.at_level(logging.INFO, logger="fasttrain"):
+        with setup.setup_heartbeat(types.SimpleNamespace(is_main=False), startup_):
+            time.sleep(0.2)
+        assert not caplog.records  # another rank: silent
+        with setup.setup_heartbeat(types.SimpleNamespace(is_main=True), startup_):
+            package["install"](0.3)
+            time.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(x.startswith("setting up: loading the compiled step for ") for x in lines), lines
+    assert lines[-1].startswith("setting up: building the data and the model for "), lines
+    assert " s in the set-up, 3" in lines[-1] and lines[-1].endswith(" s since start)")
+
+
 def test_the_heartbeat_reads_every_thread(caplog):
     """The backward compiles on autograd's own thread while the main thread waits in it."""
     import threading
