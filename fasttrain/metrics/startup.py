@@ -81,6 +81,24 @@ def compile_totals() -> dict[str, float]:
     return out
 
 
+# inductor's compile of a loaded kernel's tuned configuration, which its cache entry lacks: a hit
+# in Triton's cache where the run's kept kernels were put back, a compile of each where not
+TUNED_BINARIES = "CachingAutotuner.slow_precompile_config"
+LOADING = "tuned kernels' binaries, as the step loaded"
+
+
+def tuned_binaries_s() -> float:
+    """Seconds this process has spent getting loaded kernels' tuned binaries (``TUNED_BINARIES``,
+    as torch's ``dynamo_timed`` records them); 0 before anything compiled or loaded."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return 0.0
+    return float(sum(compilation_time_metrics.get(TUNED_BINARIES, ())))
+
+
 def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """The compile's parts between two ``compile_totals`` readings, each exclusive of the
     others (the nesting is described above ``COMPILE_FIELDS``); they sum to the forward's
@@ -118,12 +136,18 @@ class Startup:
         self.parts: dict[str, float] = {}
         self.last = t_start
         self.compile_before = compile_totals()
+        self.binaries = tuned_binaries_s()
 
     def mark(self, name: str) -> None:
-        """The phase since the last mark is ``name``."""
-        now = time.perf_counter()
-        self.parts[name] = self.parts.get(name, 0.0) + now - self.last
-        self.last = now
+        """The phase since the last mark is ``name``, less the loaded kernels' tuned binaries
+        got in it (dynamo's kept trace loads the step as the model is built), a part of their
+        own (``LOADING``): seconds where the machine has them, a compile of each where not."""
+        now, binaries = time.perf_counter(), tuned_binaries_s()
+        got = min(max(0.0, binaries - self.binaries), now - self.last)
+        self.parts[name] = self.parts.get(name, 0.0) + now - self.last - got
+        if got > 0:
+            self.parts[LOADING] = self.parts.get(LOADING, 0.0) + got
+        self.last, self.binaries = now, binaries
 
     def leave_out(self, seconds: float) -> None:
         """The ``seconds`` just spent belong to no part and not to the total: a one-off that a

@@ -34,6 +34,29 @@ def test_a_one_off_left_out_is_in_no_part_and_not_in_the_total(monkeypatch):
     assert sum(parts.values()) == pytest.approx(report["total_s"], abs=0.005)
 
 
+def test_tuned_binaries_got_while_the_step_loads_are_a_part_of_their_own(monkeypatch):
+    """Dynamo's kept trace loads the step as the model is built, and inductor gets each loaded
+    kernel's tuned binary then (torch's ``dynamo_timed`` records it): those seconds leave the
+    model's part for one of their own, and the parts still sum to the total."""
+    import torch._dynamo.utils as dynamo_utils
+
+    monkeypatch.setattr(startup, "compile_totals", lambda: {})
+    metrics = {"something else": [9.0]}
+    monkeypatch.setattr(dynamo_utils, "compilation_time_metrics", metrics)
+    clock = Startup(time.perf_counter())
+    time.sleep(0.05)
+    clock.mark("data: scan and loader")
+    time.sleep(0.3)
+    metrics[startup.TUNED_BINARIES] = [0.1, 0.1]  # two kernels' binaries in the model's build
+    clock.mark("model and optimizer")
+    report = clock.first_step(time.perf_counter(), {})
+    parts = report["parts_s"]
+    assert parts[startup.LOADING] == pytest.approx(0.2, abs=1e-3)
+    assert parts["model and optimizer"] == pytest.approx(0.1, abs=0.03)
+    assert parts["data: scan and loader"] == pytest.approx(0.05, abs=0.02)
+    assert sum(parts.values()) == pytest.approx(report["total_s"], abs=0.005)
+
+
 def test_the_demo_counts_its_imports_and_leaves_its_sample_set_s_build_out(
     run, tiny_data, tmp_path, monkeypatch
 ):
