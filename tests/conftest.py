@@ -223,6 +223,38 @@ def randn_nhwc(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
     )
 
 
+def partitioned_backward(fn, *args, autocast: torch.dtype | None = None) -> torch.fx.GraphModule:
+    """The backward graph AOTAutograd partitions ``fn(*args)``'s forward + backward into, as it
+    does for inductor (``min_cut_rematerialization_partition``), run eagerly; under CPU autocast
+    to ``autocast`` where given."""
+    import contextlib
+    import functools
+
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def backend(gm, inputs):
+        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        return aot_module_simplified(
+            gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition
+        )
+
+    cast = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    with cast:
+        out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    out.float().sum().backward()
+    return graphs["bw"]
+
+
 def start_as_compiled(monkeypatch, start_conv_warmup, before_resolve) -> None:
     """A run's start wired as a compiled one asks for cuDNN's convolutions ahead (compiling here
     would take a minute), with ``start_conv_warmup`` standing in for the thread's start and

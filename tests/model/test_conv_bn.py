@@ -20,7 +20,7 @@ from fasttrain.model.ops.conv_bn import (
     stored,
 )
 from fasttrain.model.ops.signs import pack_signs, relu_and_signs, unpack_signs
-from tests.conftest import randn_nhwc
+from tests.conftest import partitioned_backward, randn_nhwc
 
 # the Triton max-pool's tests run on the GPU where there is one, else interpreted on the CPU
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -153,19 +153,7 @@ def _backward_of_a_bn_pass(how: str) -> torch.fx.GraphModule:
     """The backward graph that AOTAutograd's partitioner (inductor's, min-cut) makes for a BN's
     scale and bias computed from its sums and applied by an ``_AffineReLU`` pass: the tensors
     as they are ("plain"), or as ``affine_relu`` passes them (copies: "copy"; marked: "mark")."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
     from fasttrain.model.ops.conv_bn import _AffineReLU
-
-    seen = {}
-
-    def keep(name):
-        def compiler(gm, _):
-            seen[name] = gm
-            return make_boxed_func(gm.forward)
-
-        return compiler
 
     def bn_pass(y, total, total_sq, weight, bias):
         mean = total / 100
@@ -175,17 +163,10 @@ def _backward_of_a_bn_pass(how: str) -> torch.fx.GraphModule:
             return _AffineReLU.apply(y, scale, shift)
         return affine_relu(y, scale, shift, copy_affine=how == "copy")
 
-    backend = aot_autograd(
-        fw_compiler=keep("forward"),
-        bw_compiler=keep("backward"),
-        partition_fn=min_cut_rematerialization_partition,
-    )
     y = randn_nhwc(4, 6, 5, 5, dtype=torch.float32).requires_grad_()
     weight, bias = torch.rand(6, requires_grad=True), torch.rand(6, requires_grad=True)
     total, total_sq = torch.randn(6), torch.rand(6) * 10 + 50
-    out = torch.compile(bn_pass, backend=backend, fullgraph=True)(y, total, total_sq, weight, bias)
-    out.sum().backward()
-    return seen["backward"]
+    return partitioned_backward(bn_pass, y, total, total_sq, weight, bias)
 
 
 @pytest.mark.slow

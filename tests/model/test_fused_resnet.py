@@ -10,7 +10,7 @@ import torch
 import torchvision
 
 from fasttrain.model.fused_resnet import FusedResNet
-from tests.conftest import assert_matches_torchvision, randn_nhwc
+from tests.conftest import assert_matches_torchvision, partitioned_backward, randn_nhwc
 
 # the Triton max-pool runs on the GPU where there is one, else interpreted on the CPU
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -174,35 +174,6 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
     torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
 
 
-def _backward_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    """The backward graph AOTAutograd partitions ``model``'s forward + backward into, as it does
-    for inductor (``min_cut_rematerialization_partition``), run eagerly; fp16 autocast."""
-    import functools
-
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm.forward)
-
-        return compiler
-
-    def backend(gm, inputs):
-        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
-        return aot_module_simplified(
-            gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition
-        )
-
-    with torch.autocast("cpu", dtype=torch.float16):
-        out = torch.compile(model, backend=backend, fullgraph=True)(x)
-    out.float().sum().backward()
-    return graphs["bw"]
-
-
 def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward():
     """In fp16 with fp32 weights, ``cast_once`` keeps each convolution's cast from the forward
     for the backward, whose graph then casts no weight to fp16 again; the reference (the cast
@@ -213,7 +184,9 @@ def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward():
         torch.manual_seed(0)
         model = FusedResNet("resnet18", num_classes=4, cast_once=once)
         model = model.to(memory_format=torch.channels_last)
-        bw = _backward_graph(model, randn_nhwc(2, 3, 32, 32, dtype=torch.float16))
+        bw = partitioned_backward(
+            model, randn_nhwc(2, 3, 32, 32, dtype=torch.float16), autocast=torch.float16
+        )
         recasts[once] = [  # fp32 4-D inputs of the backward (the weights) cast to fp16 there
             n
             for n in bw.graph.nodes
