@@ -247,9 +247,8 @@ PHASES = (
 RUNTIME = "torch/_inductor/runtime/"
 
 
-def phase_of(frame: Any, otherwise: str = "running the step") -> str:
-    """What a thread is doing, from its stack (innermost ``frame``): its most specific phase;
-    ``otherwise`` where none is known."""
+def phase_of(frame: Any) -> str:
+    """What a thread is doing, from its stack (innermost ``frame``): its most specific phase."""
     found: set[int] = set()
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
@@ -262,7 +261,7 @@ def phase_of(frame: Any, otherwise: str = "running the step") -> str:
             if names is None or any(n in name for n in names):
                 found.add(i)
         frame = frame.f_back
-    return PHASES[min(found)][0] if found else otherwise
+    return PHASES[min(found)][0] if found else "running the step"
 
 
 class Heartbeat:
