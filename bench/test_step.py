@@ -13,6 +13,7 @@ auto``, and ``--fused-bn``'s variants:
 - its stem's image padded to 4 channels or not;
 - its weights cast to fp16 once or again in the backward;
 - its normalise passes' scale and bias saved as copies or marked;
+- its graph's memsets kept as memset nodes or replaced by fill kernels;
 - its stem's max-pool by the row or the window kernels (in both compile modes);
 - one of inductor's options on top of each compile mode's.
 
@@ -223,6 +224,18 @@ def test_fused_bn_saved_affine(benchmark, saved, monkeypatch):
     or as the tensors themselves marked ``stored`` (``FusedResNet(copy_affine=False)``): the
     same tensors saved, without the copies' launches."""
     time_fused_variant(benchmark, monkeypatch, "maxpool", copy_affine=saved.startswith("copies"))
+
+
+@pytest.mark.benchmark(group="fused-bn graph memsets")
+@pytest.mark.parametrize("memsets", ["memset nodes (the default)", "fill kernels"])
+def test_fused_bn_graph_memsets(benchmark, memsets, monkeypatch):
+    """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) replayed from a graph whose
+    memsets (cuDNN's, before each fused convolution) stay memset nodes
+    (``FASTTRAIN_GRAPH_MEMSETS=keep``) or are replaced by fill kernels (``kernels``,
+    ``step/graph_memsets.py``): the same bytes written, with less idle time around them."""
+    value = "keep" if memsets.startswith("memset") else "kernels"
+    monkeypatch.setenv("FASTTRAIN_GRAPH_MEMSETS", value)
+    time_fused_variant(benchmark, monkeypatch, "maxpool")
 
 
 @pytest.mark.benchmark(group="fused-bn stem pool kernels")

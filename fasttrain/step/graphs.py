@@ -4,6 +4,7 @@ what broke a capture."""
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -11,8 +12,11 @@ from typing import TypeVar
 import torch
 
 from fasttrain.errors import first_line
+from fasttrain.step import graph_memsets
 
 T = TypeVar("T")
+log = logging.getLogger("fasttrain")
+_memset_failure_told = False
 
 
 def on_side_stream(fn: Callable[[], T], side: torch.cuda.Stream) -> T:
@@ -33,7 +37,7 @@ def capture(
     failure the exception propagates, with the current stream restored: a failed capture can
     leave the capture stream current."""
     current = torch.cuda.current_stream()
-    graph = torch.cuda.CUDAGraph()
+    graph, rewrite = _new_graph()
     for generator in generators:
         graph.register_generator_state(generator)
     try:
@@ -43,7 +47,38 @@ def capture(
     except Exception:
         torch.cuda.set_stream(current)
         raise
+    if rewrite:
+        _memsets_as_kernels(graph)
+        graph.instantiate()
     return graph, out
+
+
+def _new_graph() -> tuple[torch.cuda.CUDAGraph, bool]:
+    """A graph to capture into, and whether its memsets are to be replaced: then it is kept
+    uninstantiated after capture (``keep_graph``, which torch has had since 2.7)."""
+    if graph_memsets.enabled():
+        try:
+            return torch.cuda.CUDAGraph(keep_graph=True), True
+        except TypeError:
+            pass
+    return torch.cuda.CUDAGraph(), False
+
+
+def _memsets_as_kernels(graph: torch.cuda.CUDAGraph) -> None:
+    """``graph_memsets.as_kernels`` on a captured graph; a failure leaves the graph computing
+    the same (a run is replaced whole or not at all), so it is reported once and not raised."""
+    global _memset_failure_told
+    try:
+        n = graph_memsets.as_kernels(graph.raw_cuda_graph())
+        log.debug("CUDA graph: %d memsets replaced by fill kernels", n)
+    except Exception as e:
+        if not _memset_failure_told:
+            _memset_failure_told = True
+            log.warning(
+                "CUDA graph: its memsets stay as they are (%s); %s=keep skips trying",
+                first_line(str(e)),
+                graph_memsets.ENV,
+            )
 
 
 def blame(e: BaseException) -> str:

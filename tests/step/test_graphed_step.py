@@ -154,14 +154,22 @@ def test_triton_maxpool_step_matches_torch_over_24_steps(kind):
     assert max(diffs) < (5e-2 if "compiled" in kind else 2e-2), diffs
 
 
-@pytest.mark.parametrize("base", ["eager", "compiled"])
-def test_graph_replays_its_base_step_exactly(base):
+@pytest.mark.parametrize("base", ["eager", "compiled", "compiled fused-bn"])
+def test_graph_replays_its_base_step_exactly(base, request, monkeypatch):
     """The graph runs the very kernels its base step runs: same losses, same weights, and the LR
-    from the device counter is the host schedule's."""
-    data = batches(16)
-    ref_model, ref_step = make(base)
+    from the device counter is the host schedule's. On the fused path (fp16) the graph's
+    memsets, cuDNN's before each fused convolution, run as fill kernels
+    (``FASTTRAIN_GRAPH_MEMSETS=kernels``, ``step/graph_memsets.py``)."""
+    base, _, path = base.partition(" ")
+    fused = path == "fused-bn"
+    if fused:
+        request.getfixturevalue("cudnn_frontend")
+        monkeypatch.setenv("FASTTRAIN_GRAPH_MEMSETS", "kernels")
+    amp = torch.float16 if fused else torch.bfloat16
+    data = batches(16, dtype=amp)
+    ref_model, ref_step = make(base, amp=amp, fused_bn=fused)
     ref_losses = train(ref_step, data)
-    model, step = make(f"{base}+graph")
+    model, step = make(f"{base}+graph", amp=amp, fused_bn=fused)
     losses = train(step, data)
     assert isinstance(step, GraphedStep) and step.graph is not None and not step.capture_failed
     assert int(step.step_t) == 16  # the device counter the LR is computed from

@@ -1,0 +1,158 @@
+"""A captured graph's memsets as fill kernels (``step/graph_memsets.py``): which memsets one
+kernel node replaces, the words it writes, its PTX, and on a GPU (``gpu``) the rewritten graph
+against the one captured."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from fasttrain.step import graph_memsets as gm
+from fasttrain.step.graphs import capture
+
+
+def memset(dst: int, nbytes: int = 1024, value: int = 0, size: int = 1, height: int = 1):
+    return gm.Memset(dst, nbytes, value, size, nbytes // size, height)
+
+
+def test_a_row_of_memsets_is_one_run_and_a_fork_ends_it():
+    # conv input -> m1 -> m2 -> m3 -> conv, as cuDNN issues them
+    ms = {1: memset(0), 2: memset(4096), 3: memset(8192, 4)}
+    deps = {1: [10], 2: [1], 3: [2], 11: [3]}
+    succs = {10: [1], 1: [2], 2: [3], 3: [11]}
+    assert gm.chains(ms, deps, succs) == [[1, 2, 3]]
+    # m2 also feeds node 20: m3 must wait for m2 alone, not for m1 and m2 together with it
+    succs[2] = [3, 20]
+    assert gm.chains(ms, deps, succs) == [[1, 2], [3]]
+    # a memset the kernel cannot write (left out of ``ms``) splits the row too
+    assert gm.chains({1: ms[1], 3: ms[3]}, deps, {**succs, 2: [3]}) == [[1], [3]]
+
+
+def test_runs_split_at_the_kernels_capacity_and_at_overlapping_bytes():
+    ms = {i: memset(i * 4096) for i in range(1, 7)}
+    deps = {i: [i - 1] for i in range(1, 7)}
+    succs = {i: [i + 1] for i in range(0, 6)}
+    assert gm.chains(ms, deps, succs) == [[1, 2, 3, 4], [5, 6]]
+    ms[3] = memset(4096 + 512)  # writes into 2's bytes: a kernel writing both at once would race
+    assert gm.chains(ms, deps, succs) == [[1, 2], [3, 4, 5, 6]]
+
+
+def test_a_memset_after_a_node_with_other_successors_starts_its_own_run():
+    ms = {1: memset(0), 2: memset(4096)}
+    deps = {1: [0], 2: [1]}
+    succs = {0: [1], 1: [2, 9]}  # 1 feeds another node too
+    assert gm.chains(ms, deps, succs) == [[1], [2]]
+
+
+def test_words_repeat_the_value_and_refuse_what_the_kernel_cannot_write():
+    assert memset(64, 16, 0x5A).words() == (64, 4, 0x5A5A5A5A)
+    assert memset(64, 16, 0x1234, size=2).words() == (64, 4, 0x12341234)
+    assert memset(64, 4, 7, size=4).words() == (64, 1, 7)
+    assert memset(64, 16, 0x1FF).words() == (64, 4, 0xFFFFFFFF)  # a byte's value is its low 8 bits
+    assert memset(66, 16).words() is None  # unaligned
+    assert memset(64, 6).words() is None  # not whole words
+    assert memset(64, 16, height=2).words() is None  # rows with a pitch
+
+
+def test_the_fill_kernel_assembles():
+    """The PTX is loaded by the driver at run time; Triton's own ptxas checks it here."""
+    triton = pytest.importorskip("triton")
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = ptxas if os.path.exists(ptxas) else shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas")
+    src = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fill-{os.getpid()}.ptx")
+    with open(src, "wb") as f:
+        f.write(gm.PTX)
+    try:
+        out = subprocess.run(
+            [ptxas, "-arch=sm_90", src, "-o", src + ".cubin"], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+    finally:
+        for p in (src, src + ".cubin"):
+            if os.path.exists(p):
+                os.remove(p)
+
+
+def test_the_environment_chooses(monkeypatch, caplog):
+    for value, on in [("kernels", True), ("1", True), ("keep", False), ("0", False)]:
+        monkeypatch.setenv(gm.ENV, value)
+        assert gm.enabled() is on
+    monkeypatch.delenv(gm.ENV)
+    assert gm.enabled() is (gm.DEFAULT == "kernels")
+    monkeypatch.setenv(gm.ENV, "yes")
+    assert gm.enabled() is (gm.DEFAULT == "kernels")
+    assert "FASTTRAIN_GRAPH_MEMSETS=yes: not kernels or keep" in caplog.text
+
+
+def _driver_memsets(spans: list[tuple[torch.Tensor, int]]) -> None:
+    """cudaMemsetAsync as cuDNN calls it (bytes), on the current stream: memset nodes."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuMemsetD8Async.argtypes = [
+        ctypes.c_uint64,
+        ctypes.c_ubyte,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    ]
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    for t, v in spans:
+        assert cu.cuMemsetD8Async(t.data_ptr(), v, t.numel() * t.element_size(), stream) == 0
+
+
+# (offset, bytes, value): three whole words in a row, as cuDNN's, then one the kernel cannot write
+SPANS = [(8, 1024, 0), (1200, 1024, 0x5A), (2400, 4, 0), (3001, 7, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rewrite", ["keep", "kernels"])
+def test_a_graph_with_memsets_replays_the_same_either_way(rewrite, monkeypatch):
+    """Memsets between kernels, as cuDNN leaves them in the step: the replay writes the same
+    bytes with them rewritten as without, the bytes around them stay as they were, and the
+    kernel after them reads what they wrote."""
+    monkeypatch.setenv(gm.ENV, rewrite)
+    dev = torch.device("cuda")
+    buf = torch.full((4096,), 3, dtype=torch.uint8, device=dev)
+    x = torch.randn(4096, device=dev)
+    total = torch.zeros((), dtype=torch.int64, device=dev)
+
+    def body():
+        y = x * 2
+        _driver_memsets([(buf[lo : lo + n], v) for lo, n, v in SPANS])
+        total.copy_(buf.sum(dtype=torch.int64))
+        return y
+
+    graph, _ = capture(body, torch.cuda.Stream())
+    buf.fill_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    expect = torch.full((4096,), 3, dtype=torch.uint8)
+    for lo, n, v in SPANS:
+        expect[lo : lo + n] = v
+    assert torch.equal(buf.cpu(), expect)
+    assert total.item() == int(expect.sum())
+
+
+@pytest.mark.gpu
+def test_the_rewrite_replaces_a_run_of_memsets_by_one_kernel_node():
+    """On the raw graph: three whole-word memsets in a row are replaced (one kernel node), none
+    is left for a second pass, and the kernels either side see the order kept."""
+    dev = torch.device("cuda")
+    a = torch.empty(256, dtype=torch.float32, device=dev)
+    b = torch.empty(256, dtype=torch.float32, device=dev)
+    c = torch.empty(1, dtype=torch.int32, device=dev)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        a.add_(1)
+        _driver_memsets([(a, 0), (b, 0), (c, 0)])
+        b.add_(1)
+    assert gm.as_kernels(graph.raw_cuda_graph()) == 3
+    assert gm.as_kernels(graph.raw_cuda_graph()) == 0
+    graph.instantiate()
+    a.fill_(5), b.fill_(5), c.fill_(5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert a.eq(0).all() and b.eq(1).all() and c.item() == 0
