@@ -55,7 +55,7 @@ def capture(
 
 def _new_graph() -> tuple[torch.cuda.CUDAGraph, bool]:
     """A graph to capture into, and whether its memsets are to be replaced: then it is kept
-    uninstantiated after capture (``keep_graph``, which torch has had since 2.7)."""
+    uninstantiated after capture (``keep_graph``; a torch without it captures as before)."""
     if graph_memsets.enabled():
         try:
             return torch.cuda.CUDAGraph(keep_graph=True), True
