@@ -44,15 +44,25 @@ COMPILE_FIELDS = (
 )
 
 
+def _dynamo_utils() -> Any:
+    """``torch._dynamo.utils``, where torch's compile metrics are; None before dynamo is
+    imported (nothing compiled yet, and importing it costs a second) or on a torch without it."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    try:
+        import torch._dynamo.utils as utils
+    except ImportError:
+        return None
+    return utils
+
+
 def compile_totals() -> dict[str, float]:
     """torch's compile metrics so far, in seconds, summed over the graphs compiled (zeros where
     this torch does not record a field); with the FX graph cache's hits and misses."""
-    if "torch._dynamo" not in sys.modules:  # nothing compiled yet; importing it costs a second
+    utils = _dynamo_utils()
+    if utils is None:
         return {}
-    try:
-        from torch._dynamo.utils import counters, get_compilation_metrics
-    except ImportError:
-        return {}
+    counters, get_compilation_metrics = utils.counters, utils.get_compilation_metrics
     out = dict.fromkeys(COMPILE_FIELDS, 0.0)
     out.update(fx_cache_hits=0.0, fx_cache_misses=0.0)
     aot = counters["aot_autograd"]  # AOT autograd's own cache: a bypass re-traces every start
@@ -90,13 +100,10 @@ LOADING = "tuned kernels' binaries, as the step loaded"
 def tuned_binaries_s() -> float:
     """Seconds this process has spent getting loaded kernels' tuned binaries (``TUNED_BINARIES``,
     as torch's ``dynamo_timed`` records them); 0 before anything compiled or loaded."""
-    if "torch._dynamo" not in sys.modules:
+    utils = _dynamo_utils()
+    if utils is None:
         return 0.0
-    try:
-        from torch._dynamo.utils import compilation_time_metrics
-    except ImportError:
-        return 0.0
-    return float(sum(compilation_time_metrics.get(TUNED_BINARIES, ())))
+    return float(sum(utils.compilation_time_metrics.get(TUNED_BINARIES, ())))
 
 
 def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
