@@ -57,25 +57,21 @@ def test_words_repeat_the_value_and_refuse_what_the_kernel_cannot_write():
     assert memset(64, 16, height=2).words() is None  # rows with a pitch
 
 
-def test_the_fill_kernel_assembles():
+def test_the_fill_kernel_assembles(tmp_path):
     """The PTX is loaded by the driver at run time; Triton's own ptxas checks it here."""
     triton = pytest.importorskip("triton")
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     ptxas = ptxas if os.path.exists(ptxas) else shutil.which("ptxas")
     if ptxas is None:
         pytest.skip("no ptxas")
-    src = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fill-{os.getpid()}.ptx")
-    with open(src, "wb") as f:
-        f.write(gm.PTX)
-    try:
-        out = subprocess.run(
-            [ptxas, "-arch=sm_90", src, "-o", src + ".cubin"], capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-    finally:
-        for p in (src, src + ".cubin"):
-            if os.path.exists(p):
-                os.remove(p)
+    src = tmp_path / "fill.ptx"
+    src.write_bytes(gm.PTX)
+    out = subprocess.run(
+        [ptxas, "-arch=sm_90", str(src), "-o", str(tmp_path / "fill.cubin")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
 
 
 def test_the_environment_chooses(monkeypatch, caplog):
