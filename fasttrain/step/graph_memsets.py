@@ -19,6 +19,7 @@ the default, leaves the memset nodes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -157,9 +158,15 @@ def enabled() -> bool:
     if value in ("kernels", "1"):
         return True
     if value not in ("keep", "0"):
-        log.warning("%s=%s: not kernels or keep, so %s", ENV, value, DEFAULT)
+        _warn_unknown(value)
         return DEFAULT == "kernels"
     return False
+
+
+@functools.cache
+def _warn_unknown(value: str) -> None:
+    """Once per value: a run captures several graphs and asks each time."""
+    log.warning("%s=%s: not kernels or keep, so %s", ENV, value, DEFAULT)
 
 
 class _MemsetParams(ctypes.Structure):
