@@ -227,12 +227,13 @@ def test_fused_bn_saved_affine(benchmark, saved, monkeypatch):
 
 
 @pytest.mark.benchmark(group="fused-bn graph memsets")
-@pytest.mark.parametrize("memsets", ["memset nodes (the default)", "fill kernels"])
+@pytest.mark.parametrize("memsets", ["memset nodes", "fill kernels (the default)"])
 def test_fused_bn_graph_memsets(benchmark, memsets, monkeypatch):
     """The fp16 --fused-bn step at batch 256 (on the Triton max-pool) replayed from a graph whose
     memsets (cuDNN's, before each fused convolution) stay memset nodes
-    (``FASTTRAIN_GRAPH_MEMSETS=keep``) or are replaced by fill kernels (``kernels``,
-    ``step/graph_memsets.py``): the same bytes written, with less idle time around them."""
+    (``FASTTRAIN_GRAPH_MEMSETS=keep``) or are replaced by fill kernels (``kernels``, the default,
+    ``step/graph_memsets.py``): the same bytes written, with less idle time around them. ``-k
+    "graph_memsets and nodes"`` or ``and fill`` times one of them."""
     value = "keep" if memsets.startswith("memset") else "kernels"
     monkeypatch.setenv("FASTTRAIN_GRAPH_MEMSETS", value)
     time_fused_variant(benchmark, monkeypatch, "maxpool")

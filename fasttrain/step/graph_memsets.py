@@ -12,8 +12,8 @@ and successors. Nothing else in the graph changes.
 Only memsets that the kernel writes exactly are replaced: one row, 4-byte aligned, a multiple of
 4 bytes (every one cuDNN issues in the step); others stay memset nodes. The driver is reached
 through ``ctypes`` (``libcuda``, present wherever CUDA runs), the kernel is PTX loaded into the
-current context once per process. ``FASTTRAIN_GRAPH_MEMSETS=kernels`` replaces them; ``keep``,
-the default, leaves the memset nodes.
+current context once per process. ``FASTTRAIN_GRAPH_MEMSETS=kernels``, the default, replaces
+them (a step about 1% faster: BENCHMARKS.md#graph-memsets); ``keep`` leaves the memset nodes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 log = logging.getLogger("fasttrain")
 
 ENV = "FASTTRAIN_GRAPH_MEMSETS"
-DEFAULT = "keep"
+DEFAULT = "kernels"
 MAX_RANGES = 4  # one kernel node zeroes up to this many memsets' bytes
 THREADS = 256
 MAX_BLOCKS = 64  # per range; the kernel loops over the rest

@@ -3,6 +3,7 @@ kernel node replaces, the words it writes, its PTX, and on a GPU (``gpu``) the r
 against the one captured."""
 
 import ctypes
+import logging
 import os
 import shutil
 import subprocess
@@ -154,3 +155,31 @@ def test_the_rewrite_replaces_a_run_of_memsets_by_one_kernel_node():
     graph.replay()
     torch.cuda.synchronize()
     assert a.eq(0).all() and b.eq(1).all() and c.item() == 0
+
+
+@pytest.mark.gpu
+def test_the_fused_step_graphed_with_fill_kernels_matches_its_base(
+    cudnn_frontend, caplog, monkeypatch
+):
+    """The fused step (fp16, BatchNorm statistics summed by cuDNN's convolutions) graphed with its
+    memsets as fill kernels, against its compiled base step, at an LR of 0 so that every step
+    runs the same weights on a new batch. cuDNN sums the statistics with atomic adds, so two runs
+    of the same step already differ by about 1e-4 of the loss (`--deterministic` refuses the
+    fused path for this); with training on, the two runs drift apart step by step, so bitwise
+    or free-running comparisons cannot hold. A fill kernel that zeroed the wrong bytes, or none,
+    would leave a layer's statistics summed onto the last replay's."""
+    from tests.step.test_graphed_step import batches, make, train
+
+    caplog.set_level(logging.DEBUG, logger="fasttrain")
+    monkeypatch.setenv(gm.ENV, "kernels")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # the same plain convolutions
+    data = batches(10, dtype=torch.float16)
+    _, ref_step = make("compiled", amp=torch.float16, fused_bn=True, lr=0.0)
+    ref_losses = train(ref_step, data)
+    _, step = make("compiled+graph", amp=torch.float16, fused_bn=True, lr=0.0)
+    losses = train(step, data)
+    assert step.graph is not None and not step.capture_failed
+    replaced = [r.args[0] for r in caplog.records if "memsets replaced by fill" in r.getMessage()]
+    assert replaced and min(replaced) > 0, "the graph's memsets were not replaced"
+    assert "its memsets stay as they are" not in caplog.text
+    assert losses == pytest.approx(ref_losses, rel=1e-3)
