@@ -7,7 +7,8 @@ itself. The first step is split further with what
 torch records of its compiles (``torch._dynamo.utils.get_compilation_metrics``: dynamo's trace,
 AOT autograd, inductor, Triton's compile, kernel tuning), fasttrain's own cuDNN plan selection
 and the CUDA graph's warm-up and capture; what none of them covers is "other". The parts sum to
-the time to the first step.
+the time to the first step. torch's own timers that ran in the start (``dynamo_timed``) go into
+the report beside them, nested and overlapping, to say what "other" was spent in.
 
 ``Heartbeat`` logs every ``every`` seconds while the set-up (where dynamo's kept trace loads the
 compiled step) and the first step run: the phase it is in, read from the threads' stacks (a
@@ -106,6 +107,29 @@ def tuned_binaries_s() -> float:
     return float(sum(utils.compilation_time_metrics.get(TUNED_BINARIES, ())))
 
 
+TIMERS_SHOWN = 12  # the longest of torch's own timers a report keeps
+TIMER_MIN_S = 0.05
+
+
+def torch_timers() -> dict[str, float]:
+    """torch's own ``dynamo_timed`` timers so far, seconds summed per name; empty before
+    dynamo is imported."""
+    utils = _dynamo_utils()
+    if utils is None:
+        return {}
+    return {k: float(sum(v)) for k, v in utils.compilation_time_metrics.items()}
+
+
+def timers_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The longest timers that ran between two ``torch_timers`` readings, longest first. They
+    nest and overlap, so they do not sum to anything: they say what a part, "first step,
+    other" above all, was spent in, where torch times it (loading the compiled modules,
+    waiting for kernels, building guards)."""
+    grew = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    longest = sorted((kv for kv in grew.items() if kv[1] >= TIMER_MIN_S), key=lambda kv: -kv[1])
+    return {k: round(v, 3) for k, v in longest[:TIMERS_SHOWN]}
+
+
 def compile_parts(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """The compile's parts between two ``compile_totals`` readings, each exclusive of the
     others (the nesting is described above ``COMPILE_FIELDS``); they sum to the forward's
@@ -143,6 +167,7 @@ class Startup:
         self.parts: dict[str, float] = {}
         self.last = t_start
         self.compile_before = compile_totals()
+        self.timers_before = torch_timers()
         self.binaries = tuned_binaries_s()
 
     def mark(self, name: str) -> None:
@@ -191,6 +216,7 @@ class Startup:
             "fx_graph_cache": fx_cache_counts(self.compile_before, totals),
             "aot_autograd_cache": {k: new(f"aot_cache_{k}") for k in ("hit", "miss", "bypass")},
             "trace_cache": {k: new(f"trace_cache_{k}") for k in ("hit", "miss", "error")},
+            "torch_timers_s": timers_since(self.timers_before, torch_timers()),
             "triton_kernels": {
                 k: new(name)
                 for k, name in (

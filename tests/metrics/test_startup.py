@@ -161,6 +161,29 @@ def test_a_start_says_how_its_triton_kernels_came(monkeypatch):
     )
 
 
+def test_torch_s_own_timers_since_the_start_are_kept_longest_first(monkeypatch):
+    """What "first step, other" was spent in, where torch times it: the timers that grew since
+    the start (not before it), longest first, the short ones left out."""
+    import torch._dynamo.utils as dynamo_utils
+
+    monkeypatch.setattr(startup, "compile_totals", lambda: {})
+    metrics = {"before the start": [5.0]}
+    monkeypatch.setattr(dynamo_utils, "compilation_time_metrics", metrics)
+    clock = Startup(time.perf_counter())
+    metrics["before the start"].append(0.01)  # grew by less than is kept
+    metrics["PyCodeCache.load_by_key_path"] = [0.4, 0.3]
+    metrics["async_compile.wait"] = [1.5]
+    metrics["precompile_build_guards"] = [0.2]
+    report = clock.first_step(time.perf_counter(), {})
+    assert list(report["torch_timers_s"].items()) == [
+        ("async_compile.wait", 1.5),
+        ("PyCodeCache.load_by_key_path", 0.7),
+        ("precompile_build_guards", 0.2),
+    ]
+    metrics.update({f"timer {i}": [1.0] for i in range(20)})
+    assert len(clock.first_step(time.perf_counter(), {})["torch_timers_s"]) == startup.TIMERS_SHOWN
+
+
 def test_torch_s_counters_are_read_as_the_kernels_came(monkeypatch):
     """``compile_totals`` reads inductor's counters: each ``async_compile.triton`` call counts
     a miss, and a hit where a loaded kernel answered it."""
