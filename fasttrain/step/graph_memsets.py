@@ -275,7 +275,10 @@ class _Driver:
         self.check(self.cu.cuGraphDestroyNode(ctypes.c_void_p(node)), "destroying a node")
 
 
-_driver: _Driver | None = None
+@functools.cache
+def _driver() -> _Driver:
+    """The driver and the fill kernel, loaded at the first rewrite of the process."""
+    return _Driver()
 
 
 def as_kernels(graph: int) -> int:
@@ -283,26 +286,23 @@ def as_kernels(graph: int) -> int:
     instantiated) by fill kernel nodes; returns how many memsets were replaced. Each run is
     replaced whole or not at all, so a failure part-way leaves a graph that computes the same:
     the kernel is added beside the memsets it replaces before they go."""
-    global _driver
-    if _driver is None:
-        _driver = _Driver()
-    drv = _driver
-    all_nodes = drv.nodes(graph)
-    memsets = {}
-    for node in all_nodes:
+    drv = _driver()
+    memsets: dict[int, Memset] = {}
+    words: dict[int, tuple[int, int, int]] = {}  # what the kernel writes for each of them
+    for node in drv.nodes(graph):
         if drv.kind(node) == MEMSET_NODE:
             m = drv.memset(node)
-            if m.words() is not None:
-                memsets[node] = m
+            if (w := m.words()) is not None:
+                memsets[node], words[node] = m, w
     if not memsets:
         return 0
     deps = {n: drv.deps(n) for n in memsets}
     succs = {n: drv.succs(n) for n in memsets}
     replaced = 0
     for run in chains(memsets, deps, succs):
-        ranges = [memsets[m].words() for m in run]
+        ranges = [words[m] for m in run]
         # asked again: a run split from the one before now follows that one's kernel
-        node = drv.add_fill(graph, ranges, drv.deps(run[0]))  # type: ignore[arg-type]
+        node = drv.add_fill(graph, ranges, drv.deps(run[0]))
         try:
             for s in drv.succs(run[-1]):
                 drv.link(graph, node, s)
