@@ -98,19 +98,6 @@ TUNED_BINARIES = "CachingAutotuner.slow_precompile_config"
 LOADING = "tuned kernels' binaries, as the step loaded"
 
 
-def tuned_binaries_s() -> float:
-    """Seconds this process has spent getting loaded kernels' tuned binaries (``TUNED_BINARIES``,
-    as torch's ``dynamo_timed`` records them); 0 before anything compiled or loaded."""
-    utils = _dynamo_utils()
-    if utils is None:
-        return 0.0
-    return float(sum(utils.compilation_time_metrics.get(TUNED_BINARIES, ())))
-
-
-TIMERS_SHOWN = 12  # the longest of torch's own timers a report keeps
-TIMER_MIN_S = 0.05
-
-
 def torch_timers() -> dict[str, float]:
     """torch's own ``dynamo_timed`` timers so far, seconds summed per name; empty before
     dynamo is imported."""
@@ -118,6 +105,16 @@ def torch_timers() -> dict[str, float]:
     if utils is None:
         return {}
     return {k: float(sum(v)) for k, v in utils.compilation_time_metrics.items()}
+
+
+def tuned_binaries_s() -> float:
+    """Seconds this process has spent getting loaded kernels' tuned binaries (``TUNED_BINARIES``,
+    as torch's ``dynamo_timed`` records them); 0 before anything compiled or loaded."""
+    return torch_timers().get(TUNED_BINARIES, 0.0)
+
+
+TIMERS_SHOWN = 12  # the longest of torch's own timers a report keeps
+TIMER_MIN_S = 0.05
 
 
 def timers_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
