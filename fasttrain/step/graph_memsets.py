@@ -13,7 +13,7 @@ Only memsets that the kernel writes exactly are replaced: one row, 4-byte aligne
 4 bytes (every one cuDNN issues in the step); others stay memset nodes. The driver is reached
 through ``ctypes`` (``libcuda``, present wherever CUDA runs), the kernel is PTX loaded into the
 current context once per process. ``FASTTRAIN_GRAPH_MEMSETS=kernels``, the default, replaces
-them (a step about 1% faster: BENCHMARKS.md#graph-memsets); ``keep`` leaves the memset nodes.
+them (measured: BENCHMARKS.md#graph-memsets); ``keep`` leaves the memset nodes.
 """
 
 from __future__ import annotations
