@@ -114,9 +114,10 @@ def row(label: str, start: str, s: dict) -> str:
     if traces:
         caches += f", trace {traces['hit']}/{sum(traces.values())}"
     kernels = r.get("triton_kernels", {})
-    if sum(kernels.values()):  # loaded compiled / compiled / coordinate descent's benchmarks
+    if sum(kernels.values()):  # loaded compiled (used) / compiled / coordinate descent's runs
         caches += (
-            f", kernels {kernels['loaded']} loaded, {kernels['compiled']} compiled, "
+            f", kernels {kernels['loaded']} loaded ({kernels.get('used', 0)} used), "
+            f"{kernels['compiled']} compiled, "
             f"{kernels['tuning_benchmarks']} tuning runs"
         )
     rate = f"{s['img_per_s']:,.0f}" if s.get("img_per_s") else ""

@@ -72,11 +72,13 @@ def compile_totals() -> dict[str, float]:
     traces = counters["dynamo_cache"]  # dynamo's own (caching precompile): a hit traces nothing
     for name in ("hit", "miss", "error"):
         out[f"trace_cache_{name}"] = float(traces.get(f"dynamo_cache_{name}", 0))
-    # Triton's kernels: loaded with their compiled variants (a cache entry's), compiled (each
-    # call of inductor's ``async_compile.triton`` counts a miss, and a hit where one was loaded),
-    # and coordinate descent's benchmarks: a warm start that compiles or tunes is told apart
+    # Triton's kernels: loaded with their compiled variants (a cache entry's), how many of
+    # inductor's lookups a loaded one answered, compiled (each call of ``async_compile.triton``
+    # counts a miss, and a hit where a loaded one answered it), and coordinate descent's
+    # benchmarks: a warm start that compiles or tunes is told apart
     ind = counters["inductor"]
     out["kernels_loaded"] = float(ind.get("triton_bundler_load_static_autotuner", 0))
+    out["kernels_used"] = float(ind.get("async_compile_cache_hit", 0))
     out["kernels_compiled"] = float(
         ind.get("async_compile_cache_miss", 0) - ind.get("async_compile_cache_hit", 0)
     )
@@ -218,6 +220,7 @@ class Startup:
                 k: new(name)
                 for k, name in (
                     ("loaded", "kernels_loaded"),
+                    ("used", "kernels_used"),
                     ("compiled", "kernels_compiled"),
                     ("tuning_benchmarks", "tuning_benchmarks"),
                 )
@@ -241,8 +244,8 @@ def describe(report: dict[str, Any]) -> str:
     graphs = graphs if sum(cache.values()) else ""
     kernels = report.get("triton_kernels", {})
     kernels = (
-        f"; Triton kernels: {kernels['loaded']} loaded compiled, {kernels['compiled']} "
-        f"compiled, {kernels['tuning_benchmarks']} tuning benchmarks"
+        f"; Triton kernels: {kernels['loaded']} loaded compiled ({kernels.get('used', 0)} "
+        f"used), {kernels['compiled']} compiled, {kernels['tuning_benchmarks']} tuning benchmarks"
         if sum(kernels.values())
         else ""
     )

@@ -19,7 +19,7 @@ SUMMARY = {
         "fx_graph_cache": {"hits": 2, "misses": 0},
         "aot_autograd_cache": {"hit": 1, "miss": 0, "bypass": 0},
         "trace_cache": {"hit": 1, "miss": 0, "error": 0},
-        "triton_kernels": {"loaded": 127, "compiled": 0, "tuning_benchmarks": 0},
+        "triton_kernels": {"loaded": 127, "used": 127, "compiled": 0, "tuning_benchmarks": 0},
     },
     "img_per_s": 8900.0,
 }
@@ -69,7 +69,7 @@ def test_every_start_by_default(monkeypatch, tmp_path):
     table = (tmp_path / "startup.md").read_text()
     assert "| t | warm | 12.5 | imports 8.0, model 3.0, first step 1.5 |" in table
     assert "| t | resumed again, new machine | 12.5 |" in table
-    caches = "FX 2/2, AOT 1/1, trace 1/1, kernels 127 loaded, 0 compiled, 0 tuning runs"
+    caches = "FX 2/2, AOT 1/1, trace 1/1, kernels 127 loaded (127 used), 0 compiled, 0 tuning runs"
     assert f"{caches} | 8,900 |" in table
     assert "| t | compile (to its exit) | 30.0 | inductor codegen 20.0 | FX 0/2 |" in table
 

@@ -149,15 +149,19 @@ def test_a_start_from_dynamos_trace_says_so(monkeypatch):
 def test_a_start_says_how_its_triton_kernels_came(monkeypatch):
     """Loaded with their compiled variants, compiled, tuned: a warm start that compiles or tunes
     its kernels again shows it in its line and summary."""
-    totals = {"kernels_loaded": 2.0, "kernels_compiled": 1.0, "tuning_benchmarks": 0.0}
+    totals = {"kernels_loaded": 2.0, "kernels_used": 2.0, "kernels_compiled": 1.0,
+              "tuning_benchmarks": 0.0}  # fmt: skip
     monkeypatch.setattr(startup, "compile_totals", lambda: dict(totals))
     clock = Startup(time.perf_counter())
     assert "Triton kernels" not in describe(clock.first_step(time.perf_counter(), {}))
-    totals.update(kernels_loaded=129.0, kernels_compiled=4.0, tuning_benchmarks=30.0)
+    totals.update(kernels_loaded=129.0, kernels_used=126.0, kernels_compiled=4.0,
+                  tuning_benchmarks=30.0)  # fmt: skip
     report = clock.first_step(time.perf_counter(), {})
-    assert report["triton_kernels"] == {"loaded": 127, "compiled": 3, "tuning_benchmarks": 30}
-    assert "; Triton kernels: 127 loaded compiled, 3 compiled, 30 tuning benchmarks" in describe(
-        report
+    assert report["triton_kernels"] == {
+        "loaded": 127, "used": 124, "compiled": 3, "tuning_benchmarks": 30}  # fmt: skip
+    assert (
+        "; Triton kernels: 127 loaded compiled (124 used), 3 compiled, 30 tuning benchmarks"
+        in describe(report)
     )
 
 
@@ -198,9 +202,10 @@ def test_torch_s_counters_are_read_as_the_kernels_came(monkeypatch):
     ind["async_compile_cache_hit"] += 5
     ind["coordesc_tuning_bench"] += 11
     after = startup.compile_totals()
-    assert {k: after[k] - before[k] for k in ("kernels_loaded", "kernels_compiled",
-                                             "tuning_benchmarks")} == {
-        "kernels_loaded": 5, "kernels_compiled": 2, "tuning_benchmarks": 11}  # fmt: skip
+    assert {k: after[k] - before[k] for k in ("kernels_loaded", "kernels_used",
+                                             "kernels_compiled", "tuning_benchmarks")} == {
+        "kernels_loaded": 5, "kernels_used": 5, "kernels_compiled": 2,
+        "tuning_benchmarks": 11}  # fmt: skip
 
 
 def _in_file(path: str, source: str) -> dict:
