@@ -274,6 +274,7 @@ INDUCTOR_SCREEN = [
     "triton.enable_pdl",
     "triton.multi_kernel=1",
     "aggressive_fusion",
+    "combo_kernels",
 ]
 
 
