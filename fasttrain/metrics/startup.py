@@ -79,9 +79,7 @@ def compile_totals() -> dict[str, float]:
     ind = counters["inductor"]
     out["kernels_loaded"] = float(ind.get("triton_bundler_load_static_autotuner", 0))
     out["kernels_used"] = float(ind.get("async_compile_cache_hit", 0))
-    out["kernels_compiled"] = float(
-        ind.get("async_compile_cache_miss", 0) - ind.get("async_compile_cache_hit", 0)
-    )
+    out["kernels_compiled"] = float(ind.get("async_compile_cache_miss", 0)) - out["kernels_used"]
     out["tuning_benchmarks"] = float(ind.get("coordesc_tuning_bench", 0))
     for m in get_compilation_metrics():
         known = {f.name for f in fields(m)}
