@@ -224,9 +224,18 @@ def randn_nhwc(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
 
 
 def partitioned_backward(fn, *args, autocast: torch.dtype | None = None) -> torch.fx.GraphModule:
-    """The backward graph AOTAutograd partitions ``fn(*args)``'s forward + backward into, as it
-    does for inductor (``min_cut_rematerialization_partition``), run eagerly; under CPU autocast
-    to ``autocast`` where given."""
+    """The backward graph AOTAutograd partitions ``fn(*args)``'s forward + backward into
+    (``partitioned_graphs``)."""
+    return partitioned_graphs(fn, *args, autocast=autocast)["bw"]
+
+
+def partitioned_graphs(
+    fn, *args, autocast: torch.dtype | None = None
+) -> dict[str, torch.fx.GraphModule]:
+    """The forward (``"fw"``) and backward (``"bw"``) graphs AOTAutograd partitions
+    ``fn(*args)``'s forward + backward into, as it does for inductor
+    (``min_cut_rematerialization_partition``, buffers' mutations kept in the graph), run
+    eagerly; under CPU autocast to ``autocast`` where given."""
     import contextlib
     import functools
 
@@ -245,14 +254,19 @@ def partitioned_backward(fn, *args, autocast: torch.dtype | None = None) -> torc
     def backend(gm, inputs):
         partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
         return aot_module_simplified(
-            gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition
+            gm,
+            inputs,
+            fw_compiler=keep("fw"),
+            bw_compiler=keep("bw"),
+            partition_fn=partition,
+            keep_inference_input_mutations=True,  # as inductor's compile_fx asks
         )
 
     cast = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
     with cast:
         out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
     out.float().sum().backward()
-    return graphs["bw"]
+    return graphs
 
 
 def start_as_compiled(monkeypatch, start_conv_warmup, before_resolve) -> None:

@@ -27,9 +27,11 @@ and its normalise + ReLU is the other BNs' pass, or happens inside fasttrain's T
 where the model runs it. That convolution reads its 3-channel image padded with a zero channel
 to 4 (``pad_stem``): the same output, from cuDNN's faster 4-channel kernels. In fp16 each
 convolution's fp32 weight is cast once and the cast kept for the backward (``cast_once``).
-``FusedResNet(store_block_grad=False, fuse_stem=False, pad_stem=False, cast_once=False,
-pack_block_mask=False)`` is the block end, the stem and the weights' casts as torch computes them
-(the references they are measured against).
+In training, the forward counts the batch in every BN's ``num_batches_tracked`` with one
+multi-tensor add before the first BN (``count_once``), one kernel where each BN's own count is one
+of a single element. ``FusedResNet(store_block_grad=False, fuse_stem=False, pad_stem=False,
+cast_once=False, pack_block_mask=False, count_once=False)`` is the block end, the stem, the
+weights' casts and the counts as torch computes them (the references they are measured against).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from fasttrain.model.ops.conv_bn import (
     bn_finalize,
     cast_weight,
     conv_bn,
+    count_batches,
     residual_relu,
     sums,
 )
@@ -104,7 +107,9 @@ class Fusion:
     keeps its ReLU's mask as one bit per element for the backward instead of reading its output
     there (``residual_relu``; 2.1% faster steps in ``default`` mode). Each normalise pass saves
     its scale and bias for the backward as the tensors themselves, marked ``stored`` (the
-    default: no copy kernels, 0.1% faster steps), or with ``copy_affine`` as copies (``kept``)."""
+    default: no copy kernels, 0.1% faster steps), or with ``copy_affine`` as copies (``kept``).
+    With ``count_once`` (the default), the forward counts the batch in every BN it finalizes
+    with one multi-tensor add (``count_batches``), not one single-element kernel per BN."""
 
     fold: frozenset[int] = FOLD
     mask_from_input: bool = True
@@ -115,6 +120,7 @@ class Fusion:
     stem_bn_in_pool: bool = False
     pack_block_mask: bool = True
     copy_affine: bool = False
+    count_once: bool = True
 
 
 def _conv(
@@ -144,9 +150,11 @@ def _relu_of_affine(y: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     return torch.relu(affine(y, scale, bias))
 
 
-def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d) -> Prologue:
-    """``bn``'s scale and bias for ``y``, whose sums ``conv_bn`` returned."""
-    return bn_finalize(total, total_sq, y.shape[0] * y.shape[2] * y.shape[3], bn)
+def _bn(y: Tensor, total: Tensor, total_sq: Tensor, bn: nn.BatchNorm2d, how: Fusion) -> Prologue:
+    """``bn``'s scale and bias for ``y``, whose sums ``conv_bn`` returned; its batch counted
+    already where ``how.count_once`` (``FusedResNet.forward``)."""
+    count = y.shape[0] * y.shape[2] * y.shape[3]
+    return bn_finalize(total, total_sq, count, bn, counted=how.count_once)
 
 
 def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
@@ -165,9 +173,9 @@ def _stem(model: torchvision.models.ResNet, x: Tensor, how: Fusion) -> Tensor:
     if how.mask_from_input and triton_pool and isinstance(pool, triton_pool.MaxPool2d):
         sizes = pool.kernel_size, pool.stride, pool.padding
         if how.stem_bn_in_pool and model.bn1.training and triton_pool.folds_bn(*sizes):
-            return bn_relu_max_pool2d(y, model.bn1, *sizes)
-        return affine_relu_max_pool2d(y, *_bn(y, *sums(y), model.bn1), *sizes)
-    return pool(_normalise_relu(y, _bn(y, *sums(y), model.bn1), how))
+            return bn_relu_max_pool2d(y, model.bn1, *sizes, counted=how.count_once)
+        return affine_relu_max_pool2d(y, *_bn(y, *sums(y), model.bn1, how), *sizes)
+    return pool(_normalise_relu(y, _bn(y, *sums(y), model.bn1, how), how))
 
 
 def _stem_conv(conv: nn.Conv2d, x: Tensor, how: Fusion) -> Tensor:
@@ -188,7 +196,7 @@ def _identity(block: BasicBlock | Bottleneck, x: Tensor, how: Fusion) -> Tensor:
         return x
     conv, bn = block.downsample[0], block.downsample[1]
     d, total, total_sq = _conv(x, conv, how=how)
-    return affine(d, *_bn(d, total, total_sq, bn))
+    return affine(d, *_bn(d, total, total_sq, bn, how))
 
 
 def _end(y: Tensor, prologue: Prologue, identity: Tensor, how: Fusion) -> Tensor:
@@ -200,15 +208,15 @@ def _end(y: Tensor, prologue: Prologue, identity: Tensor, how: Fusion) -> Tensor
 
 def _bottleneck(block: Bottleneck, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1, how=how)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how=how)
-    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2), how=how)
-    return _end(a3, _bn(a3, t3, q3, block.bn3), _identity(block, x, how), how)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1, how), how=how)
+    a3, t3, q3 = _conv(a2, block.conv3, _bn(a2, t2, q2, block.bn2, how), how=how)
+    return _end(a3, _bn(a3, t3, q3, block.bn3, how), _identity(block, x, how), how)
 
 
 def _basic(block: BasicBlock, x: Tensor, how: Fusion) -> Tensor:
     a1, t1, q1 = _conv(x, block.conv1, how=how)
-    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1), how=how)
-    return _end(a2, _bn(a2, t2, q2, block.bn2), _identity(block, x, how), how)
+    a2, t2, q2 = _conv(a1, block.conv2, _bn(a1, t1, q1, block.bn1, how), how=how)
+    return _end(a2, _bn(a2, t2, q2, block.bn2, how), _identity(block, x, how), how)
 
 
 class FusedResNet(torchvision.models.ResNet):
@@ -221,9 +229,9 @@ class FusedResNet(torchvision.models.ResNet):
     stem's BN as the others, and ``stem_bn_in_pool`` inside the Triton pool; ``pad_stem`` pads
     the stem's image to ``STEM_CHANNELS`` channels; ``cast_once`` keeps each weight's cast for
     the backward; ``pack_block_mask`` keeps each block end's ReLU mask as bits;
-    ``copy_affine`` saves copies of each normalise pass's scale and bias (``Fusion``; all on by
-    default but ``stem_bn_in_pool`` and ``copy_affine``, off for the references). The rest is
-    ``ResNet``'s arguments."""
+    ``copy_affine`` saves copies of each normalise pass's scale and bias; ``count_once`` counts
+    the batch in every BN at once (``Fusion``; all on by default but ``stem_bn_in_pool`` and
+    ``copy_affine``, off for the references). The rest is ``ResNet``'s arguments."""
 
     def __init__(
         self,
@@ -237,6 +245,7 @@ class FusedResNet(torchvision.models.ResNet):
         stem_bn_in_pool: bool = False,
         pack_block_mask: bool = True,
         copy_affine: bool = False,
+        count_once: bool = True,
         **kwargs,
     ):
         block, layers = BLOCKS[arch]
@@ -252,11 +261,24 @@ class FusedResNet(torchvision.models.ResNet):
             stem_bn_in_pool,
             pack_block_mask,
             copy_affine,
+            count_once,
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fusion.count_once:
+            count_batches(self.finalized_bns())
         x = _stem(self, x, self.fusion)
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
                 x = self.run_block(block, x, self.fusion)
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    def finalized_bns(self) -> list[nn.BatchNorm2d]:
+        """The BNs the forward runs through ``bn_finalize`` (the stem's only with
+        ``fuse_stem``; otherwise ``nn.BatchNorm2d`` runs and counts it): those whose batch
+        ``count_once`` counts."""
+        bns = [self.bn1] if self.fusion.fuse_stem else []
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in layer:
+                bns += [m for m in block.modules() if isinstance(m, nn.BatchNorm2d)]
+        return bns

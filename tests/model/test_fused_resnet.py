@@ -10,7 +10,12 @@ import torch
 import torchvision
 
 from fasttrain.model.fused_resnet import FusedResNet
-from tests.conftest import assert_matches_torchvision, partitioned_backward, randn_nhwc
+from tests.conftest import (
+    assert_matches_torchvision,
+    partitioned_backward,
+    partitioned_graphs,
+    randn_nhwc,
+)
 
 # the Triton max-pool runs on the GPU where there is one, else interpreted on the CPU
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -153,7 +158,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
     calls = []
     name = "bn_relu_max_pool2d" if bn_in_pool else "affine_relu_max_pool2d"
     pool = getattr(fused_resnet, name)
-    monkeypatch.setattr(fused_resnet, name, lambda *a: calls.append(1) or pool(*a))
+    monkeypatch.setattr(fused_resnet, name, lambda *a, **k: calls.append(1) or pool(*a, **k))
     # batch 4 at 64 px: layer4's BN normalises 16 values per channel (fewer make it near-singular,
     # and a compiled graph's other order of additions would show in the logits)
     x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
@@ -172,6 +177,7 @@ def test_the_fused_stem_runs_in_the_triton_maxpool_with_the_same_outputs(
             p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
         )
     torch.testing.assert_close(ours.bn1.running_var, ref.bn1.running_var)
+    assert ours.bn1.num_batches_tracked == ref.bn1.num_batches_tracked == 1
 
 
 def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward():
@@ -201,6 +207,64 @@ def test_each_weight_is_cast_once_and_the_cast_kept_for_the_backward():
     assert len(recasts[True]) == 0 and len(recasts[False]) == 19
     for a, b in zip(grads[True], grads[False], strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("fuse_stem", [True, False])
+@pytest.mark.parametrize("count_once", [True, False])
+def test_every_bns_batch_is_counted_as_torchvision_counts_it(count_once, fuse_stem, momentum):
+    """With ``count_once`` (the default: every finalized BN's batch counted by one multi-tensor
+    add before the first) or each BN counting its own, two training steps leave the state dict
+    of torchvision's ResNet: each ``num_batches_tracked`` and the running statistics, also with
+    momentum None (a cumulative average, which reads the count), with the stem's BN as
+    torchvision runs it (it counts itself) or as the others, and with one BN frozen in eval mode
+    (neither counted nor updated). Fails if a BN is counted twice or not at all."""
+    models = []
+    for build in (
+        lambda: torchvision.models.resnet18(num_classes=5),
+        lambda: FusedResNet("resnet18", num_classes=5, count_once=count_once, fuse_stem=fuse_stem),
+    ):
+        torch.manual_seed(0)
+        model = build().double().to(memory_format=torch.channels_last)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.momentum = momentum
+        model.layer2[0].bn1.eval()  # frozen, as a fine-tuning recipe may hold some BNs
+        models.append(model)
+    for seed in (1, 2):
+        x = randn_nhwc(4, 3, 32, 32, seed=seed)
+        for model in models:
+            model(x)
+    ref, ours = (m.state_dict() for m in models)
+    assert ours["layer1.0.bn1.num_batches_tracked"] == 2
+    assert ours["layer2.0.bn1.num_batches_tracked"] == 0
+    for k in ref:
+        torch.testing.assert_close(ours[k], ref[k], msg=k)
+
+
+@pytest.mark.parametrize("count_once", [True, False])
+def test_the_batch_counts_are_one_op_in_the_compiled_forward(count_once):
+    """Compiled, the forward graph AOTAutograd hands inductor counts the batch with one
+    multi-tensor add for every BN (which inductor makes one kernel) where ``count_once``, and
+    with one single-element add per BN (a kernel each: 20 in resnet18) where not."""
+    torch.manual_seed(0)
+    model = FusedResNet("resnet18", num_classes=4, count_once=count_once)
+    model = model.to(memory_format=torch.channels_last)
+    fw = partitioned_graphs(model, randn_nhwc(2, 3, 32, 32, dtype=torch.float32))["fw"]
+    calls = [n for n in fw.graph.nodes if n.op == "call_function"]
+    foreach = [n for n in calls if "_foreach_add" in str(n.target)]
+    counts = [  # single-element integer adds: a BN's count
+        n
+        for n in calls
+        if str(n.target).startswith("aten.add")
+        and n.meta["val"].dtype == torch.int64
+        and n.meta["val"].numel() == 1
+    ]
+    if count_once:
+        assert len(foreach) == 1 and len(foreach[0].args[0]) == 20 and counts == []
+    else:
+        assert foreach == [] and len(counts) == 20
+    assert model.layer4[1].bn2.num_batches_tracked == 1
 
 
 def test_the_fused_model_needs_no_triton():

@@ -119,10 +119,17 @@ class _BNReLUMaxPool(torch.autograd.Function):
 
 
 def bn_relu_max_pool2d(
-    y: Tensor, bn: torch.nn.modules.batchnorm._BatchNorm, kernel: int, stride: int, padding: int
+    y: Tensor,
+    bn: torch.nn.modules.batchnorm._BatchNorm,
+    kernel: int,
+    stride: int,
+    padding: int,
+    *,
+    counted: bool = False,
 ) -> Tensor:
     """``F.max_pool2d(relu(bn(y)), kernel, stride, padding)`` with ``bn`` in training (its
-    running statistics updated as ``nn.BatchNorm2d`` does), its backward one pass that writes
+    running statistics updated as ``nn.BatchNorm2d`` does; ``counted``: the batch is already
+    counted, ``conv_bn.count_batches``), its backward one pass that writes
     only ``y``'s gradient (module notes). The caller checks that fasttrain's pool folds it
     (``kernels.maxpool.folds_bn``); in eval mode, or elsewhere, ``affine_relu_max_pool2d`` of
     ``bn_finalize``'s scale and bias computes the same."""
@@ -130,5 +137,5 @@ def bn_relu_max_pool2d(
         raise ValueError("bn_relu_max_pool2d: the BN must be in training mode")
     total, total_sq = sums(y.detach())
     count = y.shape[0] * y.shape[2] * y.shape[3]
-    scale, bias = kept(*bn_finalize(total, total_sq, count, bn))
+    scale, bias = kept(*bn_finalize(total, total_sq, count, bn, counted=counted))
     return _BNReLUMaxPool.apply(y, scale, bias, total, total_sq, bn.eps, kernel, stride, padding)
