@@ -4,15 +4,18 @@ most. ``kernel_split.py`` says where a step's GPU *time* goes; this says where i
 traffic* goes, without a GPU.
 
 Usage: python bench/traffic.py [--arch resnet50] [--paths plain,fused,fold] [--size 64]
-                                [--top 8]
+                                [--top 8] [--backend triton|cpp]
 
 Each path's forward and backward (cross-entropy loss, no optimizer) is compiled by inductor for
 ``--device`` (the CPU by default), in fp32, and every kernel inductor generates (its Triton or
 C++ kernels, not the convolutions and matmuls it calls) is counted with inductor's estimate of
-the bytes it reads and writes (``GraphLowering.count_bytes``: each buffer once per kernel, the
-best case). Totals are in **passes**: one pass reads or writes every BatchNorm output of the
-model once. The image size and batch change the bytes, not the passes (up to rounding at small
-sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Paths:
+the bytes it reads and writes (each buffer once per kernel, the best case:
+``get_read_write_buffers_sizes``, which ``GraphLowering.count_bytes`` sums). Totals are in
+**passes**: one pass reads or writes every BatchNorm output of the model once. The image size
+and batch change the bytes, not the passes (up to rounding at small sizes); in fp16 or bf16
+every activation's bytes halve, so the passes stay. Kernels that iterate over no more elements
+than the model's widest BN has channels (per-channel and one-element kernels) are counted apart
+as *small*: in a step they cost a launch and a few microseconds each, not bandwidth. Paths:
 
 - ``plain``: torchvision's ResNet (BatchNorm2d, ReLU), as ``--arch`` builds it;
 - ``fused-relu``: ``FusedResNet(mask_from_input=False, store_block_grad=False,
@@ -29,18 +32,23 @@ sizes); in fp16 or bf16 every activation's bytes halve, so the passes stay. Path
   reduction, normalise + ReLU masked by its input);
 - ``unpacked``: ``mask`` with both;
 - ``fused``: ``FusedResNet`` as ``--fused-bn`` builds it: ``unpacked`` with each block end's ReLU
-  mask kept as bits for its backward (``pack_block_mask``, ``signs.relu_and_signs``), the stem
-  unpadded (below). The C++ backend writes the bits in loops of their own, which the Triton
-  backend fuses with the block's output: on the CPU this path counts more than on a GPU.
+  mask kept as bits for its backward (``pack_block_mask``, ``signs.relu_and_signs``) and every
+  BN's batch counted at once (``count_once``), the stem unpadded (below).
 
 Every fused path leaves the stem's image unpadded (``pad_stem=False``; ``--fused-bn`` pads it to
 4 channels): the padding is one more pass over the image in inductor's kernels, made for a faster
 cuDNN convolution, which this count does not see; with it the count would compare the stem's
 layout, not the BN passes.
 
-On the CPU, inductor's C++ backend makes the fusion decisions of the Triton backend except for
-a few thresholds (when a reused expression is stored rather than recomputed);
-``--gpu-thresholds`` applies the Triton backend's.
+On the CPU, the kernels are those inductor's **Triton backend** makes (``--backend triton``, the
+default): a GPU's. Inductor schedules the CPU's graphs as it would a GPU's
+(``cpu_backend="triton"``: its fusion decisions, store-or-recompute thresholds and grouping of
+``_foreach`` ops), and each graph's kernels are read as code generation begins, where the compile
+stops: Triton compiles nothing for a CPU. The forward is scheduled so, then compiled by the C++
+backend to run, and its backward scheduled so. ``--backend cpp`` counts the C++ backend's own
+kernels, compiled and run: it fuses differently (loops of different sizes in one kernel, the
+block end's bits in loops of their own, no grouping of ``_foreach`` ops), with ``--gpu-thresholds``
+for the Triton backend's thresholds.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +77,7 @@ class Traffic:
     kernels: int
     kernel_passes: float
     top: list[tuple[float, str]]
+    small: int = 0  # per-channel and one-element kernels: a launch each, not bandwidth
 
 
 def build(arch: str, path: str) -> nn.Module:
@@ -83,6 +94,7 @@ def build(arch: str, path: str) -> nn.Module:
         store_block_grad=path in ("stored", "unpacked", "fused"),
         fuse_stem=path in ("stem", "unpacked", "fused"),
         pack_block_mask=path == "fused",
+        count_once=path == "fused",
         pad_stem=False,  # module notes
     )
 
@@ -103,32 +115,148 @@ def bn_elements(arch: str, x: torch.Tensor) -> int:
     return sum(sizes)
 
 
-def measure(arch: str, path: str, size: int, batch: int, device: str, top: int = 8) -> Traffic:
-    """Compile ``path``'s forward + backward at ``size`` px and count its kernels' bytes."""
-    from torch._inductor import metrics
-    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
-
+def measure(
+    arch: str,
+    path: str,
+    size: int,
+    batch: int,
+    device: str,
+    top: int = 8,
+    backend: str = "triton",
+) -> Traffic:
+    """Compile ``path``'s forward + backward at ``size`` px and count its kernels' bytes; on
+    the CPU, with ``backend`` "triton", the kernels inductor's Triton backend schedules."""
     torch._dynamo.reset()
     dev = torch.device(device)
     x = torch.randn(batch, 3, size, size, device=dev).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=dev)
     one_pass = bn_elements(arch, x.cpu()) * x.element_size()
     model = build(arch, path).to(dev, memory_format=torch.channels_last).train()
+    if dev.type == "cpu" and backend == "triton":
+        kernels = triton_kernels(model, x, y)
+    else:
+        kernels = compiled_kernels(model, x, y)
+    heavy = [(k.bytes / one_pass, k.ops) for k in kernels]
+    total = sum(passes for passes, _ in heavy)
+    heavy.sort(key=lambda item: -item[0])
+    widest = max(m.num_features for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    small = sum(1 for k in kernels if k.elements <= widest)
+    return Traffic(path, len(heavy), total, heavy[:top], small)
 
-    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
-        F.cross_entropy(model(images), labels).backward()
+
+@dataclass(frozen=True)
+class Kernel:
+    """One of inductor's kernels: the bytes it moves, the ops it fuses, the elements it
+    iterates over (its largest part's, reduced ones included)."""
+
+    bytes: int
+    ops: str
+    elements: int
+
+    @classmethod
+    def of(cls, node, num_bytes: int) -> Kernel:
+        elements = 0
+        for sub in node.get_nodes():
+            # (elements, reduced) for the Triton backend; each a tuple of sizes for the C++ one
+            sizes = _flat(sub.group[1])
+            if all(getattr(size, "is_number", False) for size in sizes):
+                elements = max(elements, math.prod(int(size) for size in sizes))
+        return cls(num_bytes, _origins(node), elements)
+
+
+def _flat(sizes) -> list:
+    """``sizes``, nested tuples of sizes, as one list."""
+    if isinstance(sizes, tuple):
+        return [size for part in sizes for size in _flat(part)]
+    return [sizes]
+
+
+def _step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
+    F.cross_entropy(model(images), labels).backward()
+
+
+def compiled_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[Kernel]:
+    """Each kernel of ``model``'s compiled forward + backward, compiled and run on ``x``'s
+    device by the backend inductor takes there."""
+    from torch._inductor import metrics
 
     metrics.reset()
     with counting():
-        torch.compile(step)(x, y)
-    heavy: list[tuple[float, str]] = []
-    for node, quarter_bytes in metrics.nodes_num_elem:  # count_bytes records bytes // 4
-        if isinstance(node, (NopKernelSchedulerNode, ExternKernelSchedulerNode)):
-            continue  # nothing, or a convolution or matmul inductor calls: not its own kernel
-        heavy.append((4 * quarter_bytes / one_pass, _origins(node)))
-    total = sum(passes for passes, _ in heavy)
-    heavy.sort(key=lambda item: -item[0])
-    return Traffic(path, len(heavy), total, heavy[:top])
+        torch.compile(_step)(model, x, y)
+    # count_bytes records bytes // 4
+    return [Kernel.of(node, 4 * quarter) for node, quarter in metrics.nodes_num_elem if _own(node)]
+
+
+class Scheduled(Exception):
+    """Inductor's scheduler has fused a graph's kernels, which were read: no code follows."""
+
+
+def triton_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[Kernel]:
+    """Each kernel of ``model``'s forward + backward as inductor's Triton backend schedules
+    them, on the CPU (module notes): the forward scheduled, then compiled by the C++ backend to
+    run, then its backward scheduled."""
+    fw: list[Kernel] = []
+    bw: list[Kernel] = []
+
+    def loss(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(images), labels)
+
+    with counting(), scheduling(fw):
+        _until_scheduled(lambda: torch.compile(loss)(x, y), fw)
+    torch._dynamo.reset()
+    with counting():
+        out = torch.compile(loss)(x, y)
+        with scheduling(bw):
+            _until_scheduled(out.backward, bw)
+    return fw + bw
+
+
+def _until_scheduled(run, kernels: list) -> None:
+    """``run()``, which stops where its graph's kernels are read (``Scheduled``, wrapped in
+    whatever dynamo or inductor raise around it); any other failure is raised."""
+    try:
+        run()
+    except Exception:
+        if not kernels:
+            raise
+        return
+    raise RuntimeError("traffic: the compile ended without scheduling a graph")
+
+
+@contextlib.contextmanager
+def scheduling(kernels: list[Kernel]) -> Iterator[None]:
+    """Inductor schedules the CPU's graphs as its Triton backend does (``cpu_backend``, and
+    the Triton backend's store-or-recompute thresholds), and the first graph's kernels, with
+    their bytes, go into ``kernels`` as its code generation begins, which stops there."""
+    import torch._inductor.config as inductor
+    from torch._inductor.scheduler import Scheduler
+
+    def read(scheduler: Scheduler) -> None:
+        if not kernels:
+            kernels.extend(
+                Kernel.of(node, node.get_read_write_buffers_sizes())
+                for node in scheduler.nodes
+                if _own(node)
+            )
+        raise Scheduled
+
+    with (
+        inductor.patch(
+            cpu_backend="triton",
+            realize_opcount_threshold=inductor._realize_opcount_threshold_default,
+            realize_acc_reads_threshold=inductor._realize_acc_reads_threshold_default,
+        ),
+        mock.patch.object(Scheduler, "codegen", read),
+    ):
+        yield
+
+
+def _own(node) -> bool:
+    """Whether a scheduler node is a kernel of inductor's own: not nothing, nor a convolution
+    or matmul it calls."""
+    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+
+    return not isinstance(node, (NopKernelSchedulerNode, ExternKernelSchedulerNode))
 
 
 @contextlib.contextmanager
@@ -172,9 +300,16 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--top", type=int, default=8, help="heaviest kernels to list per path")
     p.add_argument(
+        "--backend",
+        choices=("triton", "cpp"),
+        default="triton",
+        help="on the CPU, count the kernels inductor's Triton backend (a GPU's) schedules, or "
+        "those its C++ backend compiles",
+    )
+    p.add_argument(
         "--gpu-thresholds",
         action="store_true",
-        help="on the CPU, the Triton backend's store-or-recompute thresholds",
+        help="with --backend cpp, the Triton backend's store-or-recompute thresholds",
     )
     args = p.parse_args()
     paths = args.paths.split(",")
@@ -185,13 +320,17 @@ def main() -> None:
     if args.gpu_thresholds:
         inductor.realize_opcount_threshold = inductor._realize_opcount_threshold_default
         inductor.realize_acc_reads_threshold = inductor._realize_acc_reads_threshold_default
-    results = [measure(args.arch, q, args.size, args.batch, args.device, args.top) for q in paths]
-    print(f"{args.arch}, {args.size} px, batch {args.batch}, {args.device}: passes over every "
+    results = [
+        measure(args.arch, q, args.size, args.batch, args.device, args.top, args.backend)
+        for q in paths
+    ]
+    where = args.device if args.device != "cpu" else f"cpu, {args.backend} backend"
+    print(f"{args.arch}, {args.size} px, batch {args.batch}, {where}: passes over every "
           "BatchNorm output (inductor's byte estimate)\n")  # fmt: skip
-    print("| path | inductor's kernels | their traffic (passes) |")
-    print("|---|---:|---:|")
+    print("| path | inductor's kernels | of them per-channel or one-element | traffic (passes) |")
+    print("|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r.path} | {r.kernels} | {r.kernel_passes:.2f} |")
+        print(f"| {r.path} | {r.kernels} | {r.small} | {r.kernel_passes:.2f} |")
     for r in results:
         print(f"\n{r.path}: heaviest kernels (passes: the ops they fuse)")
         for passes, ops in r.top:

@@ -1,4 +1,6 @@
-"""bench/traffic.py counts the bytes of the compiled step's generated kernels per model path."""
+"""bench/traffic.py counts the bytes of the compiled step's generated kernels per model path, as
+inductor's Triton backend schedules them (a GPU's kernels, on the CPU) or as its C++ backend
+compiles them."""
 
 import importlib.util
 import multiprocessing
@@ -27,9 +29,9 @@ def test_one_pass_is_every_batchnorm_output():
     assert traffic.bn_elements("resnet18", x) == 2 * per_image
 
 
-def measure_resnet18(path: str):
+def measure_resnet18(path: str, backend: str = "triton"):
     """``path``'s traffic for resnet18 at 32 px, batch 2, on the CPU (in a worker process)."""
-    return traffic.measure("resnet18", path, 32, 2, "cpu")
+    return traffic.measure("resnet18", path, 32, 2, "cpu", backend=backend)
 
 
 @pytest.mark.slow
@@ -42,19 +44,32 @@ def test_each_fusion_moves_less_than_the_path_before_it():
     store the masked gradient as a buffer instead, it would move more, not less. Storing each
     block end's masked gradient once, instead of inductor recomputing it in each of its
     readers, moves at least 0.15 of a pass less (0.29 here); the stem's BN run as the others at
-    least 0.3 less (0.97 here, where the stem is large); both, less than either alone. (What
-    ``--fused-bn`` builds also keeps each block end's ReLU mask as bits, which inductor's C++
-    backend writes in loops of its own: on the CPU that path counts more, so it is not here.)"""
-    paths = ("plain", "fused-relu", "mask", "stored", "stem", "unpacked")
+    least 0.3 less (1.6 here, where the stem is large); both, less than either alone. What
+    ``--fused-bn`` builds keeps each block end's ReLU mask as bits as well, which the Triton
+    backend writes in the block end's own kernel: at least 0.15 of a pass less again (0.26
+    here), and it counts every BN's batch in one kernel, where each BN's count was a kernel of
+    one element: 19 per-channel or one-element kernels fewer in resnet18's 20 BNs. Inductor's
+    C++ backend (``--backend cpp``), which groups no ``_foreach`` op, keeps those 20 kernels."""
+    paths = ("plain", "fused-relu", "mask", "stored", "stem", "unpacked", "fused", "fused")
+    backends = ("triton",) * 7 + ("cpp",)
     # a compile each, most of a minute on one core: two processes at once
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        plain, relu, mask, stored, stem, fused = pool.map(measure_resnet18, paths)
-    print({t.path: round(t.kernel_passes, 2) for t in (plain, relu, mask, stored, stem, fused)})
+        counted = list(pool.map(measure_resnet18, paths, backends))
+    plain, relu, mask, stored, stem, both, fused, fused_cpp = counted
+    print(
+        [
+            (t.path, b, round(t.kernel_passes, 2), t.kernels, t.small)
+            for t, b in zip(counted, backends, strict=True)
+        ]
+    )
     assert plain.kernels > 20 and relu.kernels > 20
     assert plain.kernel_passes > 5  # a BN step reads and writes each activation several times
     assert relu.kernel_passes < plain.kernel_passes - 0.33
     assert mask.kernel_passes < relu.kernel_passes - 0.25
     assert stored.kernel_passes < mask.kernel_passes - 0.15
     assert stem.kernel_passes < mask.kernel_passes - 0.3
-    assert fused.kernel_passes < min(stored.kernel_passes, stem.kernel_passes) - 0.15
+    assert both.kernel_passes < min(stored.kernel_passes, stem.kernel_passes) - 0.15
+    assert fused.kernel_passes < both.kernel_passes - 0.15
+    assert both.small - fused.small >= 19 and fused.small > 0
     assert fused.top and all(passes > 0 for passes, _ in fused.top)
+    assert fused_cpp.kernels > 20 and fused_cpp.small >= fused.small + 19
