@@ -241,14 +241,21 @@ def scheduling(kernels: list[Kernel]) -> Iterator[None]:
         raise Scheduled
 
     with (
-        inductor.patch(
-            cpu_backend="triton",
-            realize_opcount_threshold=inductor._realize_opcount_threshold_default,
-            realize_acc_reads_threshold=inductor._realize_acc_reads_threshold_default,
-        ),
+        inductor.patch(cpu_backend="triton", **gpu_thresholds()),
         mock.patch.object(Scheduler, "codegen", read),
     ):
         yield
+
+
+def gpu_thresholds() -> dict[str, int]:
+    """Inductor's store-or-recompute thresholds as its Triton backend sets them (its C++ backend
+    sets others), by config name."""
+    import torch._inductor.config as inductor
+
+    return {
+        "realize_opcount_threshold": inductor._realize_opcount_threshold_default,
+        "realize_acc_reads_threshold": inductor._realize_acc_reads_threshold_default,
+    }
 
 
 def _own(node) -> bool:
@@ -315,11 +322,13 @@ def main() -> None:
     paths = args.paths.split(",")
     if bad := [q for q in paths if q not in PATHS]:
         p.error(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(PATHS)}")
+    if args.backend == "cpp" and args.device != "cpu":
+        p.error("--backend cpp: only with --device cpu (elsewhere inductor's own backend counts)")
     import torch._inductor.config as inductor
 
     if args.gpu_thresholds:
-        inductor.realize_opcount_threshold = inductor._realize_opcount_threshold_default
-        inductor.realize_acc_reads_threshold = inductor._realize_acc_reads_threshold_default
+        for name, value in gpu_thresholds().items():
+            setattr(inductor, name, value)
     results = [
         measure(args.arch, q, args.size, args.batch, args.device, args.top, args.backend)
         for q in paths
